@@ -1,0 +1,3 @@
+from optimize.cli import main
+
+main()

@@ -1,0 +1,101 @@
+"""The one interface every runtime implements: load a model, run a batch, describe itself.
+
+A backend never decides anything and never times itself: `optimize.bench` measures, the
+pipeline decides. Keeping runtimes this small is what lets `bench`, `optimize` and `serve`
+treat ONNX Runtime, TVM and TensorRT artifacts the same way.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from optimize.errors import InputError
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, numpy dtype name and shape of a model input or output.
+
+    A dimension is an int when fixed, a str when it is a named dynamic dim ("batch"),
+    and None when it is dynamic without a name.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int | str | None, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+class Backend(ABC):
+    """A model loaded into one runtime, ready to run.
+
+    Subclasses set `kind` and implement the four abstract members. `config` is the
+    backend's runtime configuration (thread counts, session options ...) as plain JSON
+    data, so that an artifact can store it and a later run can load it identically.
+    """
+
+    kind: ClassVar[str]
+
+    def __init__(self, model_path: str | Path, config: Mapping[str, Any] | None = None) -> None:
+        self.model_path = Path(model_path)
+        self.config: dict[str, Any] = dict(config or {})
+
+    @property
+    @abstractmethod
+    def inputs(self) -> list[TensorSpec]: ...
+
+    @property
+    @abstractmethod
+    def outputs(self) -> list[TensorSpec]: ...
+
+    @abstractmethod
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one batch. Hot path: no checks here; call `check_feeds` once beforehand."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """What ran: runtime name and version, device, effective configuration."""
+
+    def close(self) -> None:
+        """Release the runtime's resources. The default has nothing to release."""
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Raise InputError naming the first input that does not fit the model."""
+        expected = {spec.name: spec for spec in self.inputs}
+        unknown = sorted(set(feeds) - set(expected))
+        if unknown:
+            raise InputError(
+                f"unknown input {unknown[0]!r}",
+                f"the model's inputs are: {', '.join(expected)}",
+            )
+        for name, spec in expected.items():
+            if name not in feeds:
+                raise InputError(f"input {name!r} is missing", "give every model input")
+            array = feeds[name]
+            if str(array.dtype) != spec.dtype:
+                raise InputError(f"input {name!r} has dtype {array.dtype}, the model expects {spec.dtype}")
+            if len(array.shape) != len(spec.shape):
+                raise InputError(
+                    f"input {name!r} has rank {array.ndim} (shape {list(array.shape)}), "
+                    f"the model expects rank {len(spec.shape)} (shape {list(spec.shape)})"
+                )
+            for axis, (got, want) in enumerate(zip(array.shape, spec.shape, strict=True)):
+                if isinstance(want, int) and want >= 0 and got != want:
+                    raise InputError(
+                        f"input {name!r} has size {got} on axis {axis}, the model expects {want} "
+                        f"(shape {list(spec.shape)})"
+                    )

@@ -1,0 +1,86 @@
+"""The `lto` command line. Command modules only parse arguments and call into the package."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+
+from optimize import __version__
+
+app = typer.Typer(
+    name="lto",
+    help="Offline latency optimization for ONNX models: measure, optimize, serve and gate.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    add_completion=False,
+)
+
+# Each module registers its command(s) on `app`. They import heavy libraries inside the
+# command functions only, so `lto --help` stays fast.
+COMMAND_MODULES = [
+    "optimize.cli.inspect_cmd",
+    "optimize.cli.bench_cmd",
+    "optimize.cli.report_cmd",
+    "optimize.cli.gate_cmd",
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"lto {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """Offline latency optimization for ONNX models."""
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: every failure becomes one line on stderr and an exit code."""
+    import click
+
+    from optimize.cli.common import err_console
+    from optimize.errors import LtoError
+
+    try:
+        rc = app(args=argv, standalone_mode=False)
+    except LtoError as exc:
+        err_console.print(f"[bold red]error:[/] {exc.one_line()}", highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        err_console.print("[bold red]interrupted[/]: previous results were left intact")
+        sys.exit(130)
+    except OSError as exc:
+        err_console.print(f"[bold red]error:[/] {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        sys.exit(1)
+    except Exception as exc:
+        if os.environ.get("LTO_DEBUG"):
+            raise
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
+        err_console.print(
+            f"[bold red]internal error:[/] {type(exc).__name__}: {first_line} "
+            "(set LTO_DEBUG=1 for the traceback and please report it)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(1)
+    sys.exit(rc if isinstance(rc, int) else 0)

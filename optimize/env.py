@@ -1,0 +1,163 @@
+"""The machine a measurement came from, and whether anything else was using it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import resource
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import metadata
+from typing import Any
+
+# ISA flags that decide which kernels a runtime picks (and which compiled code can run).
+ISA_FLAGS_OF_INTEREST = (
+    "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2",
+    "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+    "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve", "i8mm", "bf16",
+)  # fmt: skip
+
+PACKAGES = ("lto", "onnx", "onnxruntime", "numpy", "apache-tvm", "tensorrt", "tensorrt-rtx-cu12")
+
+
+@lru_cache(maxsize=1)
+def _cpuinfo() -> dict[str, str]:
+    """The first processor block of /proc/cpuinfo (empty off Linux)."""
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    if info:
+                        break
+                    continue
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return info
+
+
+def cpu_model() -> str:
+    info = _cpuinfo()
+    return info.get("model name") or info.get("Model") or platform.processor() or platform.machine()
+
+
+def cpu_isa_flags() -> set[str]:
+    """All CPU feature flags the kernel reports (x86 'flags', Arm 'Features')."""
+    info = _cpuinfo()
+    return set((info.get("flags") or info.get("Features") or "").split())
+
+
+def physical_cores() -> int:
+    """Physical cores available to this process (hyper-threads don't help GEMM-bound latency)."""
+    try:
+        available = len(os.sched_getaffinity(0))
+    except AttributeError:
+        available = os.cpu_count() or 1
+    info = _cpuinfo()
+    try:
+        siblings, cores = int(info["siblings"]), int(info["cpu cores"])
+        if siblings > cores > 0:
+            return max(1, available * cores // siblings)
+    except (KeyError, ValueError):
+        pass
+    return max(1, available)
+
+
+def _package_versions() -> dict[str, str]:
+    versions: dict[str, str] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def machine_fingerprint() -> str:
+    """A short hash of what makes timings comparable: CPU model, ISA, core count, architecture.
+
+    Package versions are left out on purpose: upgrading a runtime is exactly the kind of
+    change a latency gate should compare on the same machine.
+    """
+    flags = sorted(cpu_isa_flags() & set(ISA_FLAGS_OF_INTEREST))
+    key = "|".join([platform.machine(), cpu_model(), str(os.cpu_count()), ",".join(flags)])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def environment() -> dict[str, Any]:
+    """The environment block of every report."""
+    from optimize.gpu_probe import gpu_summary
+
+    return {
+        "fingerprint": machine_fingerprint(),
+        "cpu": {
+            "model": cpu_model(),
+            "arch": platform.machine(),
+            "logical_cores": os.cpu_count() or 1,
+            "physical_cores": physical_cores(),
+            "isa": sorted(cpu_isa_flags() & set(ISA_FLAGS_OF_INTEREST)),
+        },
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "packages": _package_versions(),
+        "gpu": gpu_summary(),
+    }
+
+
+@dataclass
+class CpuSample:
+    wall: float
+    busy_ticks: int  # whole machine, non-idle jiffies
+    own_cpu_s: float  # this process (and its threads)
+
+
+class CpuLoadMonitor:
+    """Estimates how much CPU *other* processes used during a measurement.
+
+    /proc/stat gives the machine's busy time; our own rusage is subtracted. What remains,
+    as a fraction of all cores' wall time, is foreign load that makes timings untrustworthy.
+    """
+
+    def __init__(self) -> None:
+        self._hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._cores = os.cpu_count() or 1
+        self._start: CpuSample | None = None
+
+    @staticmethod
+    def _busy_ticks() -> int | None:
+        try:
+            with open("/proc/stat", encoding="ascii") as fh:
+                fields = fh.readline().split()[1:]
+        except OSError:
+            return None
+        values = [int(v) for v in fields[:8]]
+        idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+        return sum(values) - idle
+
+    def _sample(self) -> CpuSample | None:
+        busy = self._busy_ticks()
+        if busy is None:
+            return None
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        own = usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime
+        return CpuSample(time.monotonic(), busy, own)
+
+    def start(self) -> None:
+        self._start = self._sample()
+
+    def foreign_fraction(self) -> float | None:
+        """Fraction of total core time used by other processes since start() (None if unknown)."""
+        end = self._sample()
+        if self._start is None or end is None:
+            return None
+        wall = end.wall - self._start.wall
+        if wall <= 0:
+            return None
+        busy_s = (end.busy_ticks - self._start.busy_ticks) / self._hz
+        own_s = end.own_cpu_s - self._start.own_cpu_s
+        return max(0.0, min(1.0, (busy_s - own_s) / (wall * self._cores)))

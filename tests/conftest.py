@@ -1,0 +1,73 @@
+"""Shared fixtures: the sample models and tiny models built on the fly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_models"
+
+
+def make_matmul_model(
+    path: Path, features: int = 16, out: int = 4, extra_work: int = 0, seed: int = 0
+) -> Path:
+    """x[batch, features] -> Relu(x @ W + b). `extra_work` adds MatMul chains whose result is
+    multiplied by zero and added, so the outputs stay the same while the model does more work."""
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((features, out)).astype(np.float32), "W")
+    b = numpy_helper.from_array(rng.standard_normal((out,)).astype(np.float32), "B")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["mm"]),
+        helper.make_node("Add", ["mm", "B"], ["pre"]),
+    ]
+    inits = [w, b]
+    last = "pre"
+    if extra_work:
+        sq = numpy_helper.from_array(
+            rng.standard_normal((features, features)).astype(np.float32) * 0.01, "Sq"
+        )
+        zero = numpy_helper.from_array(np.zeros((1,), dtype=np.float32), "Zero")
+        inits += [sq, zero]
+        cur = "x"
+        for i in range(extra_work):
+            nodes.append(helper.make_node("MatMul", [cur, "Sq"], [f"e{i}"]))
+            cur = f"e{i}"
+        nodes.append(helper.make_node("MatMul", [cur, "W"], ["e_out"]))
+        nodes.append(helper.make_node("Mul", ["e_out", "Zero"], ["e_zero"]))
+        nodes.append(helper.make_node("Add", ["pre", "e_zero"], ["pre2"]))
+        last = "pre2"
+    nodes.append(helper.make_node("Relu", [last], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", out])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="lto-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture
+def tiny_model(tmp_path: Path) -> Path:
+    return make_matmul_model(tmp_path / "tiny.onnx")
+
+
+@pytest.fixture
+def sample(request: pytest.FixtureRequest) -> Path:
+    return SAMPLES / request.param
+
+
+def sample_path(name: str) -> Path:
+    path = SAMPLES / name
+    if not path.exists():
+        pytest.skip(f"{path} not built (python sample_models/build.py)")
+    return path
