@@ -228,8 +228,11 @@ def compare(
         probe: list[float] = []
         _time_runs(run, 3, probe)
         per_run.append(max(min(probe) / 1000.0, 1e-6))
-    chunk_a = max(1, int(settings.chunk_s / per_run[0]))
-    chunk_b = max(1, int(settings.chunk_s / per_run[1]))
+    # Chunks of about chunk_s each, but at least 8 chunks per side within max_runs, so that
+    # drift is averaged over many alternations even for very fast models.
+    cap = max(1, settings.max_runs // 8)
+    chunk_a = max(1, min(cap, int(settings.chunk_s / per_run[0])))
+    chunk_b = max(1, min(cap, int(settings.chunk_s / per_run[1])))
     monitor = CpuLoadMonitor()
     samples_a: list[float] = []
     samples_b: list[float] = []
@@ -243,7 +246,7 @@ def compare(
             order = order[::-1]
         monitor.start()
         for run, out, size in order:
-            _time_runs(run, size, out)
+            _time_runs(run, min(size, settings.max_runs - len(out)), out)
         chunks += 1
         frac = monitor.foreign_fraction()
         if frac is not None:

@@ -69,6 +69,9 @@ def target_inputs(
         shapes = {t.name: (batch, *t.shape[1:]) for t in spec.tensors}
         return resolve_inputs(target.model_path, shapes, None, spec.seed, batch, specs=backend.inputs)
     specs = None if target.model_path.suffix == ".onnx" else backend.inputs
+    # A dynamic leading dim defaults to batch 1 (the documented --batch default); any other
+    # unpinned dim is an error that names it.
+    batch = 1 if batch is None and request.input_data is None else batch
     return resolve_inputs(
         target.model_path, request.shapes, request.input_data, request.seed, batch, specs=specs
     )

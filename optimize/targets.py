@@ -45,8 +45,14 @@ def resolve_target(path: str | Path, backend: str | None = None, label: str | No
         )
     if not source.exists():
         raise UsageError(f"model not found: {source}", "check the path")
-    from optimize.model import load_model
+    kind = backend or "onnxruntime"
+    if source.suffix.lower() == ".onnx" or kind.startswith("onnxruntime"):
+        from optimize.model import load_model
 
-    # Fail on a corrupt or unsupported model with a clear message before any runtime sees it.
-    load_model(source, load_external_data=False)
-    return Target(label=label or source.stem, backend=backend or "onnxruntime", model_path=source)
+        # Fail on a corrupt or unsupported model with a clear message before any runtime sees it.
+        load_model(source, load_external_data=False)
+    elif backend is None:
+        raise UsageError(
+            f"{source.name} is not an .onnx file", "name its runtime with --backend (e.g. tensorrt, tvm)"
+        )
+    return Target(label=label or source.stem, backend=kind, model_path=source)

@@ -13,6 +13,10 @@ from optimize.errors import UsageError
 # kind -> "module:Class". A backend module may raise BackendUnavailable at import or load time.
 BACKENDS: dict[str, str] = {
     "onnxruntime": "optimize.backends.onnxruntime:OrtBackend",
+    "onnxruntime-cuda": "optimize.backends.onnxruntime_gpu:OrtCudaBackend",
+    "onnxruntime-trt": "optimize.backends.onnxruntime_gpu:OrtTensorrtBackend",
+    "tensorrt": "optimize.backends.tensorrt:TensorrtBackend",
+    "tvm": "optimize.backends.tvm:TvmBackend",
 }
 
 

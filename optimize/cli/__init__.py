@@ -10,6 +10,11 @@ import typer
 
 from optimize import __version__
 
+try:  # typer >= 0.29 vendors click; older releases depend on it
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover
+    from click import ClickException  # type: ignore[no-redef]
+
 app = typer.Typer(
     name="lto",
     help="Offline latency optimization for ONNX models: measure, optimize, serve and gate.",
@@ -27,6 +32,9 @@ COMMAND_MODULES = [
     "optimize.cli.bench_cmd",
     "optimize.cli.report_cmd",
     "optimize.cli.gate_cmd",
+    "optimize.cli.optimize_cmd",
+    "optimize.cli.serve_cmd",
+    "optimize.cli.load_cmd",
 ]
 
 
@@ -51,8 +59,6 @@ for _name in COMMAND_MODULES:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every failure becomes one line on stderr and an exit code."""
-    import click
-
     from optimize.cli.common import err_console
     from optimize.errors import LtoError
 
@@ -61,12 +67,12 @@ def main(argv: list[str] | None = None) -> None:
     except LtoError as exc:
         err_console.print(f"[bold red]error:[/] {exc.one_line()}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
+    except ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, typer.Abort):
         err_console.print("[bold red]interrupted[/]: previous results were left intact")
         sys.exit(130)
     except OSError as exc:

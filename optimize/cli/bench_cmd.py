@@ -31,7 +31,7 @@ def bench(
     shape: list[str] = ShapeOption,
     input_data: Path | None = InputDataOption,
     batch: str | None = typer.Option(
-        None, "--batch", "-b", help="Batch size(s) for the leading dim: 1 or 1,8,32."
+        None, "--batch", "-b", help="Batch size(s) for a dynamic leading dim: 1 or 1,8,32 (default 1)."
     ),
     compare: Path | None = typer.Option(
         None, "--compare", help="Measure against another model/artifact, interleaved."

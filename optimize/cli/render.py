@@ -4,41 +4,46 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 
+def fmt_ms(value: float) -> str:
+    """Three significant figures, enough for noisy latencies and narrow enough for 80 columns."""
+    return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
+
+
 def render_measurements(report: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"lto {report['kind']}", title_justify="left")
-    for col in (
-        "label",
-        "batch",
-        "p50 ms",
-        "p90 ms",
-        "p99 ms",
-        "p99.9 ms",
-        "median 95% CI",
-        "CV",
-        "thr/s",
-        "runs",
-    ):
-        table.add_column(col, justify="left" if col == "label" else "right")
+    table = Table(
+        title=f"lto {report['kind']}: latency in ms",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        padding=(0, 1),
+        collapse_padding=True,
+    )
+    table.add_column("label", no_wrap=True, overflow="ellipsis", max_width=30)
+    for col in ("b", "p50", "p90", "p99", "p99.9", "p50 CI", "CV", "thr/s", "runs"):
+        table.add_column(col, justify="right", no_wrap=True)
     unstable: list[str] = []
     for m in report["results"]:
         lat = m["latency_ms"]
         lo, hi = lat["median_ci95"]
+        half = (hi - lo) / 2 / lat["p50"] if lat["p50"] else 0.0
         style = None if m["stability"]["stable"] else "yellow"
         table.add_row(
             m["label"],
             str(m["batch_size"]),
-            f"{lat['p50']:.3f}",
-            f"{lat['p90']:.3f}",
-            f"{lat['p99']:.3f}",
-            f"{lat['p999']:.3f}",
-            f"{lo:.3f}–{hi:.3f}",
-            f"{lat['cv']:.1%}",
-            f"{m['throughput_per_s']:.1f}",
-            f"{m['runs']} ({m['stopped_by']})",
+            fmt_ms(lat["p50"]),
+            fmt_ms(lat["p90"]),
+            fmt_ms(lat["p99"]),
+            fmt_ms(lat["p999"]),
+            f"±{half:.1%}",
+            f"{lat['cv']:.0%}",
+            f"{m['throughput_per_s']:,.0f}",
+            str(m["runs"]),
             style=style,
         )
         if not m["stability"]["stable"]:

@@ -1,0 +1,41 @@
+"""`lto inspect`: parse flags, call optimize.inspect, print tables or JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from optimize.cli.common import JsonOption, ShapeOption, console, print_json
+
+EPILOG = """
+[bold]Examples[/]
+
+  lto inspect sample_models/resnet_tiny.onnx
+  lto inspect sample_models/bert_tiny.onnx --shape input_ids=1x128   [dim](pins batch, sequence everywhere)[/]
+  lto inspect sample_models/bert_tiny.onnx --shape batch=1 --shape sequence=384
+  lto inspect model.onnx --shape pixel_values=8x3x224x224 --json > model-info.json
+
+FLOPs/MACs are computed only when every dynamic dim is pinned; MatMul/Gemm/Conv MACs are exact,
+elementwise ops count 1 FLOP per element (convention in optimize/inspect.py).
+"""
+
+
+def inspect(
+    model: Path = typer.Argument(..., help="ONNX model file.", show_default=False),
+    shape: list[str] = ShapeOption,
+    json_out: bool = JsonOption,
+) -> None:
+    """Show an ONNX model's versions, inputs/outputs, ops, parameters, FLOPs and validity."""
+    from optimize.inputs import parse_shape_args
+    from optimize.inspect import inspect_model, render_inspection
+
+    info = inspect_model(model, parse_shape_args(shape))
+    if json_out:
+        print_json(info)
+    else:
+        render_inspection(info, console)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("inspect", epilog=EPILOG)(inspect)

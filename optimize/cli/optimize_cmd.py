@@ -1,0 +1,219 @@
+"""`lto optimize`: parse flags, run optimize.pipeline with a progress display, print the verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from optimize.cli.common import InputDataOption, JsonOption, ShapeOption, console, err_console, print_json
+
+if TYPE_CHECKING:
+    from optimize.pipeline import PipelineResult, StageRecord
+
+EPILOG = """
+[bold]Examples[/]
+
+  lto optimize sample_models/resnet_tiny.onnx --target-ms 5
+  lto optimize sample_models/bert_tiny.onnx --shape sequence=128 --target-ms 3
+  lto optimize model.onnx --target-ms 3 --target-percentile p99 --batch 8
+  lto optimize model.onnx --recipe strict -o reports/model-strict/
+  lto optimize model.onnx --recipe my.toml --quantize always --calib-data calib.npz
+  lto optimize model.onnx --target-ms 2 --stop-at-target --time-budget 10m --json
+  lto optimize model.onnx --tvm          [dim](also try TVM tuning; slow)[/]
+
+[bold]Exit codes[/]
+
+  0  target met, or no --target-ms given
+  3  the best artifact misses the target (the artifact is still written)
+  1  failure
+  2  usage error: bad flags, model, inputs or recipe
+
+[bold]Output[/]
+
+  DIR/model.onnx      the optimized model (+ its external data)
+  DIR/manifest.json   runtime config, sha256 of every file, CPU requirements
+  DIR/report.json     the shared report schema; DIR/report.md for people
+  An interrupted run writes no artifact, only DIR.partial-report.json.
+"""
+
+
+def optimize_command(
+    model: Path = typer.Argument(..., help="The ONNX model to optimize.", show_default=False),
+    target_ms: float | None = typer.Option(
+        None,
+        "--target-ms",
+        help="Latency target in milliseconds at --target-percentile and the pinned batch.",
+    ),
+    target_percentile: str = typer.Option(
+        "p50", "--target-percentile", help="Which latency the target applies to: p50, p90, p95 or p99."
+    ),
+    recipe: str | None = typer.Option(
+        None,
+        "--recipe",
+        help="Recipe name (default, transformer, cnn, strict) or a .toml path; default: by model kind.",
+    ),
+    quantize: str = typer.Option(
+        "auto", "--quantize", help="auto: only while above the target; always; never."
+    ),
+    calib_data: Path | None = typer.Option(
+        None,
+        "--calib-data",
+        help="Calibration inputs for static int8: .npz with one array per input.",
+        metavar="FILE.npz",
+    ),
+    shape: list[str] = ShapeOption,
+    input_data: Path | None = InputDataOption,
+    batch: int = typer.Option(
+        1, "--batch", "-b", help="Batch size for a dynamic leading dim --shape leaves open."
+    ),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Artifact directory (default reports/<model>-<time>/)."
+    ),
+    time_budget: str | None = typer.Option(
+        None,
+        "--time-budget",
+        help="Bound the whole run: 90s, 10m, 1h. Stages left when it runs out are skipped.",
+    ),
+    stop_at_target: bool = typer.Option(
+        False, "--stop-at-target", help="Stop once the target is met with 95% confidence."
+    ),
+    enable: list[str] = typer.Option(
+        [], "--enable", help="Turn on a stage the recipe has off (repeatable).", metavar="STAGE"
+    ),
+    disable: list[str] = typer.Option(
+        [], "--disable", help="Turn off a stage (repeatable).", metavar="STAGE"
+    ),
+    tvm: bool = typer.Option(False, "--tvm", help="Same as --enable tvm-tune."),
+    seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Make a model faster on this machine, stage by stage, keeping only measured, accurate wins."""
+    from optimize.inputs import parse_shape_args
+    from optimize.pipeline import OptimizeRequest, optimize, parse_duration
+
+    request = OptimizeRequest(
+        model_path=model,
+        target_ms=target_ms,
+        target_percentile=target_percentile,
+        recipe=recipe,
+        quantize=quantize,
+        calib_data=calib_data,
+        shapes=parse_shape_args(shape),
+        input_data=input_data,
+        batch=batch,
+        out_dir=output,
+        time_budget_s=parse_duration(time_budget) if time_budget else None,
+        stop_at_target=stop_at_target,
+        enable=[*enable, *(["tvm-tune"] if tvm else [])],
+        disable=list(disable),
+        seed=seed,
+    )
+    request.validate()
+    with _RichProgress(show_rows=not json_out) as progress:
+        result = optimize(request, progress=progress)
+    if json_out:
+        print_json(result.report)
+    else:
+        _print_summary(result)
+    raise typer.Exit(result.exit_code)
+
+
+class _RichProgress:
+    """A spinner with the current step on stderr; each finished row printed as it lands."""
+
+    def __init__(self, show_rows: bool) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        from optimize.pipeline import Progress as Base
+
+        self.show_rows = show_rows
+        self._bar = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        )
+        self._task: Any = None
+        outer = self
+
+        class Sink(Base):
+            def status(self, text: str) -> None:
+                outer._bar.update(outer._task, description=text)
+
+            def record(self, record: StageRecord) -> None:
+                if outer.show_rows:
+                    outer._bar.console.print(_row_line(record), highlight=False, soft_wrap=True)
+
+            def log(self, text: str) -> None:
+                outer._bar.console.print(f"[dim]{text}[/]", highlight=False, soft_wrap=True)
+
+        self.sink = Sink()
+
+    def __enter__(self) -> Any:
+        self._bar.__enter__()
+        self._task = self._bar.add_task("starting")
+        return self.sink
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.__exit__(*exc)  # type: ignore[arg-type]
+
+
+_STATUS_STYLE = {"kept": "green", "rejected": "yellow", "skipped": "dim", "failed": "red", "baseline": "cyan"}
+
+
+def _row_line(record: StageRecord) -> str:
+    from rich.markup import escape
+
+    style = _STATUS_STYLE.get(record.status, "")
+    p50 = f" p50 {record.latency_ms['p50']:.3f} ms" if record.latency_ms else ""
+    return f"[{style}]{record.status:>8}[/] {escape(record.label)}{p50}  [dim]{escape(record.reason)}[/]"
+
+
+def _print_summary(result: PipelineResult) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from optimize.pipeline import TABLE_HEADER, TABLE_NOTE, table_rows
+
+    section = result.report["optimize"]
+    table = Table(
+        title=f"lto optimize: {escape(Path(result.report['model']['path']).name)}",
+        title_justify="left",
+        caption=escape(TABLE_NOTE),
+        caption_justify="left",
+    )
+    for name in TABLE_HEADER:
+        table.add_column(name, justify="right" if name in ("p50 ms", "p99 ms", "speedup") else "left",
+                         overflow="fold", max_width=60 if name == "reason" else None)  # fmt: skip
+    for row in table_rows(section):
+        style = _STATUS_STYLE.get(row[1], "")
+        table.add_row(*[escape(c) for c in row], style=style if row[1] != "skipped" else "dim")
+    console.print(table)
+    slo, shi = section["speedup_ci95"]
+    console.print(
+        f"artifact: [bold]{escape(str(result.artifact_dir))}[/] ({escape(section['best']['label'])}), "
+        f"[bold]{section['speedup']:.2f}x[/] vs ONNX Runtime defaults "
+        f"(95% CI {slo:.2f}–{shi:.2f}, side by side); "
+        f"accuracy: {escape(_acc(section))}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    colour = "green" if result.exit_code == 0 else "yellow"
+    console.print(
+        f"[bold {colour}]{escape(result.verdict)}[/] (exit code {result.exit_code})", highlight=False
+    )
+    for warning in section.get("warnings", []):
+        err_console.print(f"[yellow]warning:[/] {escape(str(warning))}", highlight=False, soft_wrap=True)
+
+
+def _acc(section: dict[str, Any]) -> str:
+    from optimize.pipeline import accuracy_cell
+
+    return accuracy_cell(section.get("accuracy"))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("optimize", epilog=EPILOG)(optimize_command)

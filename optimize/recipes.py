@@ -1,0 +1,437 @@
+"""Recipes: which stages `lto optimize` runs, in what order, with which options and thresholds.
+
+A recipe is a TOML file (see `recipes/*.toml`). It is validated strictly: an unknown key, a
+value of the wrong type or an unknown stage is a UsageError that names the key path, so a
+typo never silently falls back to a default.
+
+Layout of a recipe:
+
+    name = "cnn"
+    description = "..."
+    order = ["graph-fusion", "operator-fusion", "memory-layout", "quantize", "tvm-tune", "tensorrt-build"]
+
+    [stages.quantize]         # options of one stage; every stage has `enabled`, `budget_s`, `run_when`
+    enabled = true
+    run_when = "above-target" # "always" | "above-target" (only while the best latency misses --target-ms)
+    mode = "auto"
+
+    [accuracy]                # thresholds every candidate must meet against the baseline's outputs
+    min_cosine = 0.999
+    [bench]                   # optimize.bench.BenchSettings for every comparison
+    [decision]                # when a faster candidate is kept
+    min_improvement = 0.05     # and the ratio's 95% CI upper end below 1, on two measurements
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optimize.errors import UsageError
+
+if TYPE_CHECKING:
+    import onnx
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+# Where named recipes live: $LTO_RECIPES_DIR, the repository's recipes/ folder (a checkout or an
+# editable install), or <prefix>/share/lto/recipes (a wheel install, see pyproject data-files).
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+INSTALLED_RECIPES_DIR = Path(sys.prefix) / "share" / "lto" / "recipes"
+
+RUN_WHEN = ("always", "above-target")
+
+# Option schemas. A value is a type (or tuple of types) or a tuple of allowed strings.
+# `int` also accepts nothing but ints (bool is rejected), `float` accepts ints and floats.
+_Choice = tuple[str, ...]
+_COMMON_STAGE_OPTIONS: dict[str, Any] = {
+    "enabled": bool,
+    "budget_s": float,  # wall-clock budget handed to the stage as ctx.deadline
+    "run_when": RUN_WHEN,
+}
+STAGE_OPTIONS: dict[str, dict[str, Any]] = {
+    "graph-fusion": {
+        # Detected from the graph when absent; set them only to override the detection.
+        "model_type": ("bert", "bart", "gpt2", "t5", "vit", "clip", "unet", "vae", "swin", "phi", "sam2"),
+        "num_heads": int,
+        "hidden_size": int,
+        "gelu_approximation": bool,
+        "embed_layer_norm": bool,
+    },
+    "operator-fusion": {
+        "levels": list,  # ORT levels to save offline / apply at load: "extended", "layout"
+    },
+    "memory-layout": {
+        "layout": bool,  # try ORT's NCHWc/NHWC layout transformers on conv nets
+        "search_threads": bool,
+        "search_spinning": bool,
+        "threads": int,  # intra-op threads; default: the physical cores
+    },
+    "quantize": {
+        "mode": ("auto", "dynamic", "static"),
+        "calibration": ("minmax", "entropy", "percentile"),
+        "calib_data": str,  # .npz path; --calib-data sets it
+        "calib_samples": int,
+        "per_channel": bool,
+        "quant_format": ("qdq", "qoperator"),
+        "max_backoff_rounds": int,
+        "exclude_nodes": list,
+        "fp16": bool,
+        "fused_variant": bool,
+    },
+    "tvm-tune": {
+        "trials": int,
+        "time_budget_s": float,
+        "target": str,
+        "rpc_tracker": str,
+        "rpc_key": str,
+        "cache_dir": str,
+        "retune": bool,
+        "trials_per_iter": int,
+        "population_size": int,
+        "max_chunk_tasks": int,
+        "build_timeout_s": float,
+        "run_timeout_s": float,
+        "num_threads": int,
+    },
+    "tensorrt-build": {
+        "runtime": str,
+        "precisions": list,
+        "shapes": list,
+        "workspace_mb": int,
+        "builder_optimization_level": int,
+        "hardware_compatibility": str,
+        "timing_cache": bool,
+        "cuda_graph": bool,
+        "cache_dir": str,
+    },
+}
+
+# Allowed items of list-valued options.
+_LIST_ITEMS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("operator-fusion", "levels"): ("basic", "extended", "layout", "all"),
+    ("tensorrt-build", "precisions"): ("fp32", "fp16"),
+}
+
+_ACCURACY_KEYS: dict[str, Any] = {
+    "min_cosine": float,
+    "max_abs": float,
+    "max_rel": float,
+    "min_top1": float,
+    "top1_tolerance": float,  # near-ties within this fraction of a row's logit range do not count
+    "samples": int,  # bench inputs + generated ones, each checked; the worst case decides
+}
+_BENCH_KEYS: dict[str, Any] = {
+    "warmup": int,
+    "min_runs": int,
+    "max_runs": int,
+    "max_time_s": float,
+    "target_ci_rel": float,
+}
+_DECISION_KEYS: dict[str, Any] = {"min_improvement": float}
+_TOP_KEYS = {"name", "description", "order", "stages", "accuracy", "bench", "decision"}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Accuracy a candidate must keep against the reference (baseline) outputs.
+
+    max_rel is max|candidate - reference| divided by max|reference| of that output: an error
+    relative to the output's scale, which stays meaningful where single elements are ~0.
+    """
+
+    min_cosine: float = 0.999
+    max_abs: float | None = None
+    max_rel: float | None = 0.05
+    min_top1: float | None = 0.9
+    top1_tolerance: float = 0.01
+    samples: int = 8
+
+
+@dataclass
+class StageSpec:
+    name: str
+    enabled: bool = True
+    budget_s: float | None = None
+    run_when: str = "always"
+    options: dict[str, Any] = field(default_factory=dict)  # stage-specific options only
+
+
+@dataclass
+class Recipe:
+    name: str
+    source: str  # the file it came from
+    description: str
+    stages: list[StageSpec]
+    accuracy: Thresholds
+    bench: dict[str, Any]  # BenchSettings keyword arguments
+    min_improvement: float = 0.05
+
+    def stage(self, name: str) -> StageSpec | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "source": self.source,
+            "description": self.description,
+            "stages": [
+                {
+                    "name": s.name,
+                    "enabled": s.enabled,
+                    "budget_s": s.budget_s,
+                    "run_when": s.run_when,
+                    "options": s.options,
+                }
+                for s in self.stages
+            ],
+            "accuracy": self.accuracy.__dict__,
+            "bench": self.bench,
+            "min_improvement": self.min_improvement,
+        }
+
+
+def _recipes_dir() -> Path:
+    env = os.environ.get("LTO_RECIPES_DIR")
+    if env:
+        return Path(env)
+    return (
+        RECIPES_DIR if RECIPES_DIR.is_dir() or not INSTALLED_RECIPES_DIR.is_dir() else INSTALLED_RECIPES_DIR
+    )
+
+
+def list_recipes() -> list[str]:
+    return sorted(p.stem for p in _recipes_dir().glob("*.toml"))
+
+
+def resolve_recipe_path(name_or_path: str) -> Path:
+    """A recipe name ("cnn") from recipes/, or a path to a .toml file."""
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".toml" or os.sep in name_or_path or candidate.exists():
+        if not candidate.is_file():
+            raise UsageError(f"recipe file {name_or_path} does not exist")
+        return candidate
+    path = _recipes_dir() / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = ", ".join(list_recipes()) or "none found"
+        raise UsageError(
+            f"unknown recipe {name_or_path!r}", f"choose one of: {known}, or give a path to a .toml file"
+        )
+    return path
+
+
+def load_recipe(name_or_path: str, known_stages: Sequence[str] | None = None) -> Recipe:
+    path = resolve_recipe_path(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"recipe {path.name}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"recipe {path}: cannot read: {exc.strerror}") from None
+    return parse_recipe(data, source=str(path), known_stages=known_stages)
+
+
+def _type_name(expected: Any) -> str:
+    if isinstance(expected, tuple):
+        return "one of " + ", ".join(repr(c) for c in expected)
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list"}[
+        expected
+    ]
+
+
+def _check_value(where: str, key_path: str, value: Any, expected: Any) -> Any:
+    ok: bool
+    if isinstance(expected, tuple):
+        ok = isinstance(value, str) and value in expected
+    elif expected is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif expected is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, expected)
+    if not ok:
+        raise UsageError(f"recipe {where}: {key_path}: expected {_type_name(expected)}, got {value!r}")
+    return value
+
+
+def _check_table(where: str, prefix: str, table: Any, schema: Mapping[str, Any]) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise UsageError(f"recipe {where}: {prefix}: expected a table, got {table!r}")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in schema:
+            raise UsageError(
+                f"recipe {where}: {prefix}.{key}: unknown key",
+                f"known keys under {prefix}: {', '.join(schema)}",
+            )
+        out[key] = _check_value(where, f"{prefix}.{key}", value, schema[key])
+    return out
+
+
+def _non_negative(where: str, key_path: str, value: float | int | None) -> None:
+    if value is not None and value < 0:
+        raise UsageError(f"recipe {where}: {key_path}: must not be negative, got {value}")
+
+
+def parse_recipe(data: Mapping[str, Any], source: str, known_stages: Sequence[str] | None = None) -> Recipe:
+    """Validate parsed TOML and build a Recipe. `known_stages` defaults to the stage registry."""
+    from optimize.stages import STAGES
+
+    where = Path(source).name
+    stage_names = list(known_stages) if known_stages is not None else list(STAGES)
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise UsageError(
+                f"recipe {where}: {key}: unknown key", f"known keys: {', '.join(sorted(_TOP_KEYS))}"
+            )
+
+    name = _check_value(where, "name", data.get("name", Path(source).stem), str)
+    description = _check_value(where, "description", data.get("description", ""), str)
+
+    if "order" not in data:
+        raise UsageError(f"recipe {where}: order: missing", "list the stages in the order they run")
+    order = _check_value(where, "order", data["order"], list)
+    seen: set[str] = set()
+    for i, stage_name in enumerate(order):
+        if not isinstance(stage_name, str):
+            raise UsageError(f"recipe {where}: order[{i}]: expected a stage name, got {stage_name!r}")
+        if stage_name not in stage_names:
+            raise UsageError(
+                f"recipe {where}: order[{i}]: unknown stage {stage_name!r}",
+                f"known stages: {', '.join(stage_names)}",
+            )
+        if stage_name in seen:
+            raise UsageError(f"recipe {where}: order[{i}]: stage {stage_name!r} listed twice")
+        seen.add(stage_name)
+
+    stage_tables = data.get("stages", {})
+    if not isinstance(stage_tables, dict):
+        raise UsageError(f"recipe {where}: stages: expected a table of per-stage options")
+    specs: list[StageSpec] = []
+    for stage_name in stage_tables:
+        if stage_name not in seen:
+            raise UsageError(
+                f"recipe {where}: stages.{stage_name}: options for a stage that is not in `order`",
+                "add it to `order` or remove the table",
+            )
+    for stage_name in order:
+        schema = {**_COMMON_STAGE_OPTIONS, **STAGE_OPTIONS.get(stage_name, {})}
+        table = _check_table(where, f"stages.{stage_name}", stage_tables.get(stage_name, {}), schema)
+        budget = table.pop("budget_s", None)
+        _non_negative(where, f"stages.{stage_name}.budget_s", budget)
+        for key, value in table.items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                _non_negative(where, f"stages.{stage_name}.{key}", value)
+            allowed = _LIST_ITEMS.get((stage_name, key))
+            if allowed is not None:
+                for j, item in enumerate(value):
+                    if item not in allowed:
+                        raise UsageError(
+                            f"recipe {where}: stages.{stage_name}.{key}[{j}]: expected one of "
+                            f"{', '.join(repr(a) for a in allowed)}, got {item!r}"
+                        )
+        specs.append(
+            StageSpec(
+                name=stage_name,
+                enabled=table.pop("enabled", True),
+                budget_s=budget,
+                run_when=table.pop("run_when", "always"),
+                options=table,
+            )
+        )
+
+    acc = _check_table(where, "accuracy", data.get("accuracy", {}), _ACCURACY_KEYS)
+    for key, value in acc.items():
+        _non_negative(where, f"accuracy.{key}", value)
+    for key in ("min_cosine", "min_top1"):
+        if key in acc and acc[key] > 1.0:
+            raise UsageError(f"recipe {where}: accuracy.{key}: must be at most 1.0, got {acc[key]}")
+    if acc.get("samples", 1) < 1:
+        raise UsageError(f"recipe {where}: accuracy.samples: must be at least 1")
+    thresholds = Thresholds(**acc)
+
+    bench = _check_table(where, "bench", data.get("bench", {}), _BENCH_KEYS)
+    for key, value in bench.items():
+        _non_negative(where, f"bench.{key}", value)
+    if bench.get("min_runs", 1) < 1 or bench.get("max_runs", 1) < bench.get("min_runs", 1):
+        raise UsageError(
+            f"recipe {where}: bench.max_runs: must be at least bench.min_runs (and min_runs >= 1)"
+        )
+
+    decision = _check_table(where, "decision", data.get("decision", {}), _DECISION_KEYS)
+    min_improvement = decision.get("min_improvement", 0.05)
+    if not 0.0 <= min_improvement < 1.0:
+        raise UsageError(
+            f"recipe {where}: decision.min_improvement: expected 0 <= x < 1, got {min_improvement}"
+        )
+
+    return Recipe(
+        name=name,
+        source=source,
+        description=description,
+        stages=specs,
+        accuracy=thresholds,
+        bench=bench,
+        min_improvement=float(min_improvement),
+    )
+
+
+# --- model kind -----------------------------------------------------------------------------
+
+_ATTENTION_OPS = {"Attention", "MultiHeadAttention", "GroupQueryAttention", "QAttention"}
+_CONV_OPS = {"Conv", "ConvTranspose", "QLinearConv", "ConvInteger", "FusedConv", "NhwcConv"}
+_MATMUL_OPS = {"MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "FusedMatMul", "DynamicQuantizeMatMul"}
+
+
+def detect_model_kind(model: onnx.ModelProto) -> str:
+    """The model kind ("transformer", "cnn" or "default") from the op mix and the input types.
+
+    transformer: attention (a fused Attention op, or Softmax next to >= 2 MatMuls) fed by integer
+    token inputs; cnn: convolutions outnumber matrix multiplies; default: anything else.
+    """
+    from onnx import TensorProto
+
+    ops: Counter[str] = Counter(node.op_type for node in model.graph.node)
+    initializers = {init.name for init in model.graph.initializer}
+    int_inputs = [
+        i
+        for i in model.graph.input
+        if i.name not in initializers
+        and i.type.tensor_type.elem_type in (TensorProto.INT64, TensorProto.INT32)
+    ]
+    matmuls = sum(ops[o] for o in _MATMUL_OPS)
+    convs = sum(ops[o] for o in _CONV_OPS)
+    attention = any(ops[o] for o in _ATTENTION_OPS) or (ops["Softmax"] > 0 and matmuls >= 2)
+    if attention and int_inputs:
+        return "transformer"
+    if convs and convs >= matmuls:
+        return "cnn"
+    return "default"
+
+
+def recipe_for_kind(kind: str) -> str:
+    return kind if kind in ("transformer", "cnn") else "default"
+
+
+__all__ = [
+    "RUN_WHEN",
+    "STAGE_OPTIONS",
+    "Recipe",
+    "StageSpec",
+    "Thresholds",
+    "detect_model_kind",
+    "list_recipes",
+    "load_recipe",
+    "parse_recipe",
+    "recipe_for_kind",
+    "resolve_recipe_path",
+]

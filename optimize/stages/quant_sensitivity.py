@@ -1,0 +1,162 @@
+"""Which quantized nodes hurt accuracy most: the ranking behind the quantize stage's back-off.
+
+The float model and its quantized version run on the same inputs with every quantizable node's
+activation inputs and output exposed; each node is scored by the error it adds itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+
+CONV_WEIGHT_OPS = frozenset({"Conv", "ConvTranspose", "FusedConv"})
+
+
+def _float_tensors_of(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> dict[str, int]:
+    """Activation inputs and outputs of `nodes` -> their channel axis (1 around Conv, else last)."""
+    inits = {init.name for init in model.graph.initializer}
+    consts = {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
+    names: dict[str, int] = {}
+    for node in nodes:
+        axis = 1 if node.op_type in CONV_WEIGHT_OPS else -1
+        for name in [*node.input, *node.output[:1]]:
+            if name and name not in inits and name not in consts:
+                names.setdefault(name, axis)
+    return names
+
+
+def _run_with_outputs(
+    path: Path, names: Sequence[str], samples: Sequence[Mapping[str, np.ndarray]], workdir: Path
+) -> list[dict[str, np.ndarray]]:
+    """Run `path` on `samples` and return the values of the named (float) tensors."""
+    import onnx
+    import onnxruntime as ort
+
+    from optimize.onnx_utils import read_model, save_model
+
+    model = read_model(path)
+    existing = {o.name for o in model.graph.output}
+    produced = {out for node in model.graph.node for out in node.output}
+    wanted = [n for n in names if n in produced]
+    for name in wanted:
+        if name not in existing:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    probe = workdir / f"probe-{path.stem}.onnx"
+    extra = save_model(model, probe)
+    try:
+        so = ort.SessionOptions()
+        # No fusion: every probed tensor must exist exactly as named, and nothing may be rewritten.
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.log_severity_level = 3
+        session = ort.InferenceSession(str(probe), so, providers=["CPUExecutionProvider"])
+        feeds_names = {i.name for i in session.get_inputs()}
+        results = []
+        for sample in samples:
+            values = session.run(wanted, {k: v for k, v in sample.items() if k in feeds_names})
+            results.append(dict(zip(wanted, values, strict=True)))
+        return results
+    finally:
+        for file in [probe, *extra]:
+            file.unlink(missing_ok=True)
+
+
+def channel_error(refs: Sequence[np.ndarray], gots: Sequence[np.ndarray], axis: int) -> float | None:
+    """Mean over channels of ||got_c - ref_c|| / ||ref_c||, all samples pooled.
+
+    Per channel, because the typical int8 failure is one outlier setting the scale so that
+    the other channels round to zero: a norm over the whole tensor is dominated by the big
+    channel and hides exactly that. Channels that are ~0 in the reference are left out.
+    """
+    rows_ref, rows_got = [], []
+    for ref, got in zip(refs, gots, strict=True):
+        if ref.shape != got.shape or ref.ndim == 0:
+            return None
+        ax = axis if ref.ndim > 1 else 0
+        rows_ref.append(np.moveaxis(ref.astype(np.float64), ax, -1).reshape(-1, ref.shape[ax]))
+        rows_got.append(np.moveaxis(got.astype(np.float64), ax, -1).reshape(-1, ref.shape[ax]))
+    if not rows_ref:
+        return None
+    ref2, got2 = np.concatenate(rows_ref), np.concatenate(rows_got)
+    norms = np.linalg.norm(ref2, axis=0)
+    live = norms > 1e-6 * max(float(norms.max()), 1e-30)
+    if not live.any():
+        return None
+    return float(np.mean(np.linalg.norm(got2 - ref2, axis=0)[live] / norms[live]))
+
+
+def quantized_node_names(quant_model: onnx.ModelProto, candidates: Sequence[str]) -> set[str]:
+    """Which of the float graph's nodes the quantizer actually changed.
+
+    Dynamic quantization replaces a node (its name disappears); QDQ keeps it but feeds it
+    from DequantizeLinear.
+    """
+    producer = {out: node.op_type for node in quant_model.graph.node for out in node.output}
+    by_name = {node.name: node for node in quant_model.graph.node}
+    changed = set()
+    for name in candidates:
+        node = by_name.get(name)
+        if node is None or any(producer.get(t) == "DequantizeLinear" for t in node.input):
+            changed.add(name)
+    return changed
+
+
+def rank_sensitive_nodes(
+    float_path: Path,
+    quant_path: Path,
+    node_names: Sequence[str],
+    samples: Sequence[Mapping[str, np.ndarray]],
+    workdir: Path,
+) -> list[tuple[str, float]]:
+    """Quantizable nodes of `float_path`, most harmful first, with the error each adds.
+
+    A node's score is the per-channel relative error of its output (quantized vs float model)
+    minus the largest error already present on its activation inputs: the error it adds itself.
+    """
+    from optimize.onnx_utils import read_model
+
+    model = read_model(float_path, load_external_data=False)
+    wanted = set(node_names) & quantized_node_names(
+        read_model(quant_path, load_external_data=False), node_names
+    )
+    nodes = [n for n in model.graph.node if n.name in wanted]
+    axes = _float_tensors_of(model, nodes)
+    tensors = sorted(axes)
+    ref = _run_with_outputs(float_path, tensors, samples, workdir)
+    got = _run_with_outputs(quant_path, tensors, samples, workdir)
+    errors: dict[str, float] = {}
+    for name in tensors:
+        pairs = [(r[name], g[name]) for r, g in zip(ref, got, strict=True) if name in r and name in g]
+        error = channel_error([p[0] for p in pairs], [p[1] for p in pairs], axes[name]) if pairs else None
+        if error is not None:
+            errors[name] = error
+    scored = []
+    for node in nodes:
+        out_err = errors.get(node.output[0]) if node.output else None
+        if out_err is None:
+            continue
+        in_err = max((errors.get(t, 0.0) for t in node.input), default=0.0)
+        scored.append((node.name, max(out_err - in_err, 0.0), out_err))
+    scored.sort(key=lambda item: (item[1], item[2]), reverse=True)
+    return [(name, own) for name, own, _ in scored]
+
+
+def backoff_sizes(total: int, rounds: int) -> list[int]:
+    """How many of the ranked nodes to keep in float on each retry: 10 %, 20 %, 40 % ... (at least +1).
+
+    At least one node stays quantized: excluding them all would just be the float model, slower.
+    """
+    limit = total - 1
+    sizes: list[int] = []
+    for r in range(rounds):
+        k = min(limit, max(math.ceil(total * 0.1 * 2**r), (sizes[-1] + 1) if sizes else 1))
+        if k < 1 or (sizes and k <= sizes[-1]):
+            break
+        sizes.append(k)
+    return sizes

@@ -1,0 +1,160 @@
+"""Recipes: the shipped ones load, bad ones fail naming the key, the default follows the model kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from optimize.errors import UsageError
+from optimize.recipes import detect_model_kind, list_recipes, load_recipe, parse_recipe, recipe_for_kind
+from optimize.stages import STAGES
+from tests.conftest import SAMPLES, make_matmul_model
+
+MINIMAL = 'order = ["graph-fusion", "quantize"]\n'
+
+
+def write(tmp_path: Path, text: str, name: str = "r.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def error_of(tmp_path: Path, text: str) -> str:
+    with pytest.raises(UsageError) as info:
+        load_recipe(str(write(tmp_path, text)))
+    return info.value.one_line()
+
+
+def test_shipped_recipes_load_and_keep_places_for_tvm_and_tensorrt() -> None:
+    names = list_recipes()
+    assert {"default", "transformer", "cnn", "strict"} <= set(names)
+    for name in names:
+        recipe = load_recipe(name)
+        order = [s.name for s in recipe.stages]
+        assert order == list(STAGES), name  # every stage has its place, in pipeline order
+        # TVM tuning is slow and TensorRT needs a GPU: both are off unless asked for.
+        assert not recipe.stage("tvm-tune").enabled
+        assert not recipe.stage("tensorrt-build").enabled
+        assert 0 < recipe.accuracy.min_cosine <= 1
+
+
+def test_recipes_differ_where_they_should() -> None:
+    assert load_recipe("cnn").stage("quantize").options["mode"] == "static"
+    assert load_recipe("transformer").stage("quantize").options["mode"] == "dynamic"
+    assert not load_recipe("cnn").stage("graph-fusion").enabled
+    strict = load_recipe("strict")
+    assert not strict.stage("quantize").enabled
+    assert strict.accuracy.min_cosine > load_recipe("default").accuracy.min_cosine
+    assert strict.accuracy.top1_tolerance == 0.0
+    assert load_recipe("default").stage("quantize").run_when == "above-target"
+
+
+def test_recipe_by_path_and_minimal(tmp_path: Path) -> None:
+    recipe = load_recipe(str(write(tmp_path, MINIMAL + "[decision]\nmin_improvement = 0.05\n")))
+    assert [s.name for s in recipe.stages] == ["graph-fusion", "quantize"]
+    assert recipe.min_improvement == 0.05
+    assert recipe.name == "r"  # from the file name when not given
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (MINIMAL + '[stages.quantize]\nmode = "int4"\n', "stages.quantize.mode: expected one of 'auto'"),
+        (MINIMAL + "[stages.quantize]\nmodee = 1\n", "stages.quantize.modee: unknown key"),
+        (MINIMAL + '[stages.quantize]\nenabled = "yes"\n', "stages.quantize.enabled: expected a boolean"),
+        (
+            MINIMAL + "[stages.quantize]\ncalib_samples = 2.5\n",
+            "stages.quantize.calib_samples: expected an integer",
+        ),
+        (
+            MINIMAL + "[stages.quantize]\ncalib_samples = -3\n",
+            "stages.quantize.calib_samples: must not be negative",
+        ),
+        (
+            MINIMAL + '[stages.quantize]\nrun_when = "sometimes"\n',
+            "stages.quantize.run_when: expected one of",
+        ),
+        (
+            MINIMAL + "[stages.memory-layout]\nthreads = 2\n",
+            "stages.memory-layout: options for a stage that is not",
+        ),
+        ('order = ["graph-fusion", "warp-drive"]\n', "order[1]: unknown stage 'warp-drive'"),
+        (
+            'order = ["operator-fusion"]\n[stages.operator-fusion]\nlevels = ["extended", "turbo"]\n',
+            "stages.operator-fusion.levels[1]: expected one of 'basic'",
+        ),
+        ('order = ["quantize", "quantize"]\n', "order[1]: stage 'quantize' listed twice"),
+        ('order = "quantize"\n', "order: expected a list"),
+        ("name = 'x'\n", "order: missing"),
+        (MINIMAL + "colour = 'red'\n", "colour: unknown key"),
+        (MINIMAL + "[accuracy]\nmin_cosine = 'high'\n", "accuracy.min_cosine: expected a number"),
+        (MINIMAL + "[accuracy]\nmin_cosine = 1.5\n", "accuracy.min_cosine: must be at most 1.0"),
+        (MINIMAL + "[accuracy]\nmax_abs = -1\n", "accuracy.max_abs: must not be negative"),
+        (MINIMAL + "[bench]\nmax_runs = true\n", "bench.max_runs: expected an integer"),
+        (MINIMAL + "[bench]\nwarmups = 3\n", "bench.warmups: unknown key"),
+        (MINIMAL + "[decision]\nmin_improvement = 1.5\n", "decision.min_improvement"),
+        (MINIMAL + "[stages]\nquantize = 3\n", "stages.quantize: expected a table"),
+        ("order = [\n", "not valid TOML"),
+    ],
+)
+def test_bad_recipe_names_the_key(tmp_path: Path, text: str, needle: str) -> None:
+    message = error_of(tmp_path, text)
+    assert message.startswith("recipe r.toml: "), message
+    assert needle in message, message
+
+
+def test_unknown_recipe_name_lists_the_known_ones() -> None:
+    with pytest.raises(UsageError) as info:
+        load_recipe("nonexistent-recipe")
+    assert "unknown recipe 'nonexistent-recipe'" in info.value.one_line()
+    assert "cnn" in info.value.one_line()
+    with pytest.raises(UsageError, match="does not exist"):
+        load_recipe("missing/recipe.toml")
+
+
+def test_known_stages_can_be_extended_for_custom_registries() -> None:
+    recipe = parse_recipe({"order": ["fake-stage"]}, source="x.toml", known_stages=["fake-stage"])
+    assert recipe.stages[0].name == "fake-stage"
+    with pytest.raises(UsageError, match="unknown stage"):
+        parse_recipe({"order": ["fake-stage"]}, source="x.toml")
+
+
+def _attention_model(path: Path) -> Path:
+    """int64 token ids -> Gather embedding -> Q·Kᵀ MatMul -> Softmax -> MatMul V."""
+    emb = helper.make_tensor("E", TensorProto.FLOAT, [10, 4], [0.1] * 40)
+    nodes = [
+        helper.make_node("Gather", ["E", "ids"], ["x"]),
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["x", "xt"], ["scores"]),
+        helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+        helper.make_node("MatMul", ["probs", "x"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attn",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4])],
+        [emb],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+    return path
+
+
+def test_model_kind_detection(tmp_path: Path) -> None:
+    assert detect_model_kind(onnx.load(str(_attention_model(tmp_path / "a.onnx")))) == "transformer"
+    assert detect_model_kind(onnx.load(str(make_matmul_model(tmp_path / "m.onnx")))) == "default"
+    for name, kind in (
+        ("resnet_tiny.onnx", "cnn"),
+        ("bert_tiny.onnx", "transformer"),
+        ("mlp_small.onnx", "default"),
+    ):
+        path = SAMPLES / name
+        if path.exists():
+            assert detect_model_kind(onnx.load(str(path), load_external_data=False)) == kind, name
+    assert recipe_for_kind("transformer") == "transformer"
+    assert recipe_for_kind("cnn") == "cnn"
+    assert recipe_for_kind("default") == "default"
