@@ -90,7 +90,7 @@ def machine_fingerprint() -> str:
 
 def environment() -> dict[str, Any]:
     """The environment block of every report."""
-    from optimize.gpu_probe import gpu_summary
+    from optimize.gpu import gpu_status
 
     return {
         "fingerprint": machine_fingerprint(),
@@ -104,7 +104,8 @@ def environment() -> dict[str, Any]:
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "packages": _package_versions(),
-        "gpu": gpu_summary(),
+        # null without a usable GPU; the reason is kept so a report says why.
+        "gpu": _gpu_block(gpu_status()),
     }
 
 
@@ -161,3 +162,9 @@ class CpuLoadMonitor:
         busy_s = (end.busy_ticks - self._start.busy_ticks) / self._hz
         own_s = end.own_cpu_s - self._start.own_cpu_s
         return max(0.0, min(1.0, (busy_s - own_s) / (wall * self._cores)))
+
+
+def _gpu_block(status: Any) -> dict[str, Any] | None:
+    if not status.usable and status.kernel_driver_version is None:
+        return None
+    return status.to_json()

@@ -37,6 +37,24 @@ def parse_shape_args(args: list[str] | None) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def split_shape_args(args: list[str] | None) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+    """Separate `--shape NAME=MIN:OPT:MAX` ranges (TensorRT optimization profiles) from plain pins.
+
+    Returns the pins to benchmark at (a range contributes its OPT shape) and the range strings,
+    which go to the stages that build for a range of shapes.
+    """
+    ranges = [arg for arg in args or [] if ":" in arg]
+    pins = parse_shape_args([arg for arg in args or [] if ":" not in arg])
+    if ranges:
+        from optimize.tensorrt_support import opt_shapes, parse_shape_ranges
+
+        for name, opt in opt_shapes(parse_shape_ranges(ranges)).items():
+            if name in pins:
+                raise UsageError(f"--shape given twice for {name!r}")
+            pins[name] = opt
+    return pins, ranges
+
+
 @dataclass
 class InputTensor:
     """One pinned model input and how its values are made."""

@@ -65,6 +65,9 @@ class OptimizeRequest:
     quantize: str = "auto"  # auto (recipe decides) | always | never
     calib_data: Path | None = None
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # `--shape NAME=MIN:OPT:MAX` strings: optimization-profile ranges for stages that build
+    # for a range of shapes (TensorRT); the benchmark runs at OPT, which `shapes` holds.
+    shape_ranges: list[str] = field(default_factory=list)
     input_data: Path | None = None
     # A dynamic leading dim nothing else pins runs at this batch (real-time latency: 1).
     batch: int | None = 1
@@ -250,6 +253,10 @@ def apply_overrides(recipe: Recipe, request: OptimizeRequest) -> list[str]:
         if spec.name in request.disable:
             spec.enabled = False
             notes.append(f"{spec.name} disabled on the command line")
+    trt = recipe.stage("tensorrt-build")
+    if trt is not None and request.shape_ranges:
+        trt.options["shapes"] = list(request.shape_ranges)
+        notes.append("tensorrt-build profile ranges from --shape: " + ", ".join(request.shape_ranges))
     quant = recipe.stage("quantize")
     if quant is not None:
         if request.quantize == "never":

@@ -116,3 +116,13 @@ def test_input_data_rebatched_from_batch_one(tiny_model: Path, tmp_path: Path) -
     np.savez(path, x=np.ones((3, 16), dtype=np.float32))
     with pytest.raises(InputError, match="cannot make batch 8"):
         resolve_inputs(tiny_model, {}, path, batch=8)
+
+
+def test_shape_ranges_pin_the_benchmark_at_opt() -> None:
+    from optimize.inputs import split_shape_args
+
+    pins, ranges = split_shape_args(["input_ids=1x16:4x128:8x256", "pixel=1x3x8x8"])
+    assert pins == {"input_ids": (4, 128), "pixel": (1, 3, 8, 8)}
+    assert ranges == ["input_ids=1x16:4x128:8x256"]
+    with pytest.raises(UsageError):
+        split_shape_args(["input_ids=1x16:4x128"])

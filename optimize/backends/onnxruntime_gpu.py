@@ -116,9 +116,9 @@ class OrtTensorrtBackend(_OrtGpuBackend):
     companions: ClassVar[list[str]] = ["CUDAExecutionProvider"]
 
     def _provider_options(self) -> dict[str, Any]:
-        import os
+        from optimize.paths import cache_root
 
-        cache = Path(os.environ.get("LTO_CACHE_DIR") or ".lto-cache") / "ort-trt"
+        cache = cache_root() / "ort-trt"
         defaults = {
             "device_id": int(self.gpu_config["device_id"]),
             # Engines and timings survive between runs: the first session builds, later ones load.

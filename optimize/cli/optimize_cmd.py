@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from optimize.cli.common import InputDataOption, JsonOption, ShapeOption, console, err_console, print_json
+from optimize.cli.common import SHAPE_HELP, InputDataOption, JsonOption, console, err_console, print_json
 
 if TYPE_CHECKING:
     from optimize.pipeline import PipelineResult, StageRecord
@@ -63,7 +63,14 @@ def optimize_command(
         help="Calibration inputs for static int8: .npz with one array per input.",
         metavar="FILE.npz",
     ),
-    shape: list[str] = ShapeOption,
+    shape: list[str] = typer.Option(
+        [],
+        "--shape",
+        "-s",
+        help=SHAPE_HELP + " A range NAME=1x128:8x128:32x128 (min:opt:max) sets the TensorRT "
+        "optimization profile; the benchmark runs at opt.",
+        metavar="NAME=DxD",
+    ),
     input_data: Path | None = InputDataOption,
     batch: int = typer.Option(
         1, "--batch", "-b", help="Batch size for a dynamic leading dim --shape leaves open."
@@ -90,8 +97,10 @@ def optimize_command(
     json_out: bool = JsonOption,
 ) -> None:
     """Make a model faster on this machine, stage by stage, keeping only measured, accurate wins."""
-    from optimize.inputs import parse_shape_args
+    from optimize.inputs import split_shape_args
     from optimize.pipeline import OptimizeRequest, optimize, parse_duration
+
+    pins, ranges = split_shape_args(shape)
 
     request = OptimizeRequest(
         model_path=model,
@@ -100,7 +109,8 @@ def optimize_command(
         recipe=recipe,
         quantize=quantize,
         calib_data=calib_data,
-        shapes=parse_shape_args(shape),
+        shapes=pins,
+        shape_ranges=ranges,
         input_data=input_data,
         batch=batch,
         out_dir=output,

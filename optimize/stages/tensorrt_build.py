@@ -12,14 +12,13 @@ Options (recipe `tensorrt-build:` block):
   workspace_mb: 1024                builder workspace limit (default: TensorRT's, the whole GPU)
   hardware_compatibility: none      none | ampere_plus | same_compute_capability
   timing_cache: true                keep TensorRT's kernel timings in lto's cache dir and reuse them
-  cache_dir: .lto-cache             where the timing cache lives (or $LTO_CACHE_DIR)
+  cache_dir: (lto's cache)          where the timing cache lives ($LTO_CACHE_DIR or ~/.cache/lto)
   runtime: auto                     auto | tensorrt | tensorrt-rtx
   cuda_graph: false                 candidates replay a captured CUDA graph (batch-1 latency)
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,7 +32,9 @@ _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
 def default_cache_dir(options: dict[str, Any]) -> Path:
-    return Path(options.get("cache_dir") or os.environ.get("LTO_CACHE_DIR") or ".lto-cache")
+    from optimize.paths import cache_root
+
+    return Path(options["cache_dir"]) if options.get("cache_dir") else cache_root()
 
 
 def has_qdq(model_path: Path) -> bool:

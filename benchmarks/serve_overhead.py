@@ -1,0 +1,314 @@
+"""What `lto serve` costs and what its batching buys, measured side by side in one run.
+
+1. Overhead at low load: one request at a time over HTTP (and in-process, no HTTP), interleaved
+   in rounds with direct `backend.run` calls on the same model and runtime settings; overhead =
+   p50(request) - p50(model alone at batch 1).
+2. Max QPS within an SLO: one ladder of Poisson rates against two `lto serve` processes on the
+   same model, taking turns at each rate: one with dynamic batching and a baseline that runs one
+   request per model call (`--max-batch 1`, same HTTP stack, so only batching differs).
+
+The load generator runs in this process, the servers in their own; on a small machine they
+share cores, so read the ratio more than the absolute rates.
+
+    python benchmarks/serve_overhead.py                                   # sample_models/mlp_small.onnx
+    python benchmarks/serve_overhead.py --model wide-mlp --slo-ms 50             # gains from batching
+    python benchmarks/serve_overhead.py --model sample_models/resnet_tiny.onnx --slo-ms 150
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from optimize.backends import open_backend  # noqa: E402
+from optimize.inputs import parse_shape_args, resolve_inputs  # noqa: E402
+from optimize.serve.batcher import Batcher, BatcherConfig  # noqa: E402
+from optimize.serve.loadgen import (  # noqa: E402
+    HttpTarget,
+    InProcessTarget,
+    LoadSettings,
+    run_load,
+)
+
+# The runtime settings `lto serve MODEL.onnx` uses, so the model-alone figure is the same model.
+SERVE_CONFIG = {"allow_spinning": False}
+
+
+def build_wide_mlp(path: Path, width: int = 1024, layers: int = 6) -> Path:
+    """x[batch, 1024] -> 6 x (MatMul 1024x1024, Relu): 24 MB of weights, so batch 1 is bound by
+    reading them (a matrix-vector product) and a batch reuses each weight for every row: the
+    kind of model dynamic batching exists for."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, cur = [], [], "x"
+    for i in range(layers):
+        weight = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        inits.append(numpy_helper.from_array(weight, f"W{i}"))
+        nodes += [
+            helper.make_node("MatMul", [cur, f"W{i}"], [f"m{i}"]),
+            helper.make_node("Relu", [f"m{i}"], [f"r{i}"]),
+        ]
+        cur = f"r{i}"
+    graph = helper.make_graph(
+        nodes,
+        "wide_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info(cur, TensorProto.FLOAT, ["batch", width])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def start_server(model: Path, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "optimize", "serve", str(model), "--port", "0", "--name", "m", *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        found = re.search(r"at (http://127\.0\.0\.1:\d+)", line)
+        if found:
+            return proc, found.group(1)
+    proc.kill()
+    raise SystemExit(f"lto serve did not start: {proc.stdout.read()}")
+
+
+def stop_server(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def model_alone_ms(backend: Any, feeds: dict[str, np.ndarray], runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        backend.run(feeds)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+async def low_load(
+    model: Path, feeds: dict[str, np.ndarray], url: str, rounds: int, per_round: int
+) -> dict[str, Any]:
+    """Interleave rounds of: model alone, one-at-a-time HTTP requests, one-at-a-time in-process."""
+    backend = open_backend("onnxruntime", model, SERVE_CONFIG)
+    batcher = Batcher([open_backend("onnxruntime", model, SERVE_CONFIG)], BatcherConfig())
+    await batcher.start(feeds)
+    http = HttpTarget(url, "m", feeds)
+    await http.open()
+    inproc = InProcessTarget(batcher, feeds)
+    alone: list[float] = []
+    http_floor: list[float] = []
+    over_http: list[float] = []
+    in_process: list[float] = []
+    phases: dict[str, list[float]] = {}
+    model_alone_ms(backend, feeds, 50)  # warm-up
+    for _ in range(rounds):
+        alone += model_alone_ms(backend, feeds, per_round)
+        # The HTTP stack alone (client + server + loopback): a GET that does no work.
+        for _ in range(per_round):
+            t0 = time.perf_counter()
+            await http.get("/v2/health/live")
+            http_floor.append((time.perf_counter() - t0) * 1e3)
+        res = await run_load(http, LoadSettings(concurrency=1, requests=per_round, warmup=5))
+        over_http += res.samples_ms
+        for name, values in res.phases.items():
+            phases.setdefault(name, []).extend(values)
+        res = await run_load(inproc, LoadSettings(concurrency=1, requests=per_round, warmup=5))
+        in_process += res.samples_ms
+    await http.close()
+    await batcher.drain()
+    p50 = {
+        k: float(np.percentile(v, 50))
+        for k, v in (("model", alone), ("http", over_http), ("inproc", in_process))
+    }
+    return {
+        "model_alone_p50_ms": p50["model"],
+        "http_request_p50_ms": p50["http"],
+        "in_process_request_p50_ms": p50["inproc"],
+        "http_overhead_p50_ms": p50["http"] - p50["model"],
+        "in_process_overhead_p50_ms": p50["inproc"] - p50["model"],
+        "http_breakdown_p50_ms": {k: float(np.percentile(v, 50)) for k, v in phases.items()},
+        "http_get_live_p50_ms": float(np.percentile(http_floor, 50)),
+        "samples_each": len(alone),
+    }
+
+
+def _point(res: Any, percentile: float) -> dict[str, Any]:
+    verdict = res.verdict()
+    rows = res.batch_rows
+    n = sum(rows.values())
+    return {
+        "offered_qps": res.settings.qps,
+        "throughput_per_s": res.throughput,
+        "p50_ms": res.latency_at(50),
+        f"p{percentile:g}_ms": verdict["value_ms"],
+        "error_rate": res.error_rate,
+        "mean_batch_rows": sum(k * v for k, v in rows.items()) / n if n else None,
+        "passed": verdict["passed"],
+    }
+
+
+async def interleaved_max_qps(
+    urls: dict[str, str], feeds: dict[str, np.ndarray], slo_ms: float, percentile: float, step_s: float
+) -> dict[str, Any]:
+    """Climb one ladder of Poisson rates (x1.26 a step) for both servers, taking turns at each
+    rate, so that both meet the same machine conditions; a server leaves the ladder after two
+    failed rates in a row. Max QPS = the highest rate that met the SLO."""
+    targets = {name: HttpTarget(url, "m", feeds) for name, url in urls.items()}
+    for target in targets.values():
+        await target.open()
+    try:
+        serial = []
+        for target in targets.values():
+            probe = await run_load(target, LoadSettings(concurrency=1, requests=50, warmup=10))
+            serial.append(1e3 / (probe.latency_at(50) or 1.0))
+        qps = 0.2 * min(serial)  # well inside what both sustain, then climb
+        curves: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+        best: dict[str, float | None] = dict.fromkeys(targets)
+        fails = dict.fromkeys(targets, 0)
+        order = list(targets)
+        while any(fails[name] < 2 for name in order):
+            for name in order:
+                if fails[name] >= 2:
+                    continue
+                settings = LoadSettings(
+                    qps=qps,
+                    duration_s=step_s,
+                    min_queries=200,
+                    warmup=10,
+                    slo_ms=slo_ms,
+                    percentile=percentile,
+                )
+                res = await run_load(targets[name], settings)
+                point = _point(res, percentile)
+                curves[name].append(point)
+                if point["passed"]:
+                    best[name], fails[name] = qps, 0
+                else:
+                    fails[name] += 1
+                tail = point[f"p{percentile:g}_ms"]
+                tail_ms = tail if tail is not None else float("nan")
+                print(
+                    f"    {name:>8} {qps:8.1f} qps: p{percentile:g} {tail_ms:7.2f} ms,"
+                    f" {res.throughput:7.1f}/s, errors {res.error_rate:5.1%}, mean batch "
+                    f"{point['mean_batch_rows'] or 0:4.1f} -> {'pass' if point['passed'] else 'fail'}"
+                )
+                await asyncio.sleep(0.3)  # let the queue empty
+            qps *= 1.26
+            order.reverse()
+        return {"max_qps": best, "curves": curves}
+    finally:
+        for target in targets.values():
+            await target.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model",
+        default=str(ROOT / "sample_models" / "mlp_small.onnx"),
+        help="An ONNX file, or 'wide-mlp' for a built-in model that gains from batching.",
+    )
+    parser.add_argument("--shape", action="append", default=[], help="Pin dynamic dims, as in lto bench.")
+    parser.add_argument("--slo-ms", type=float, default=10.0)
+    parser.add_argument("--percentile", type=float, default=99.0)
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--step-seconds", type=float, default=2.0, help="Length of each rate tried.")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--per-round", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=None, help="Write the figures as JSON here.")
+    args = parser.parse_args()
+    if args.model == "wide-mlp":
+        import tempfile
+
+        args.model = build_wide_mlp(Path(tempfile.mkdtemp(prefix="lto-bench-")) / "wide_mlp.onnx")
+    args.model = Path(args.model)
+
+    _, feeds = resolve_inputs(args.model, parse_shape_args(args.shape), None, batch=1)
+    target_ms = str(args.slo_ms)
+    lto_proc, lto_url = start_server(
+        args.model, "--max-batch", str(args.max_batch), "--target-latency-ms", target_ms
+    )
+    base_proc, base_url = start_server(args.model, "--max-batch", "1", "--target-latency-ms", target_ms)
+    try:
+        print(f"model {args.model.name}; lto serve at {lto_url}, baseline (--max-batch 1) at {base_url}")
+        print("1. overhead at low load (one request at a time, interleaved with the model alone)")
+        low = asyncio.run(low_load(args.model, feeds, lto_url, args.rounds, args.per_round))
+        print(
+            f"   model alone p50 {low['model_alone_p50_ms']:.3f} ms"
+            f" | over HTTP p50 {low['http_request_p50_ms']:.3f} ms"
+            f" -> overhead {low['http_overhead_p50_ms']:.3f} ms"
+            f" | in-process p50 {low['in_process_request_p50_ms']:.3f} ms"
+            f" -> overhead {low['in_process_overhead_p50_ms']:.3f} ms"
+        )
+        print(f"   HTTP stack floor (GET /v2/health/live) p50 {low['http_get_live_p50_ms']:.3f} ms")
+        print(
+            "   HTTP breakdown p50 ms: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in low["http_breakdown_p50_ms"].items())
+        )
+        print(
+            f"2. max QPS with p{args.percentile:g} <= {args.slo_ms:g} ms (one ladder of rates, taking turns)"
+        )
+        search = asyncio.run(
+            interleaved_max_qps(
+                {"lto": lto_url, "baseline": base_url}, feeds, args.slo_ms, args.percentile, args.step_seconds
+            )
+        )
+    finally:
+        stop_server(lto_proc)
+        stop_server(base_proc)
+    b, u = search["max_qps"]["lto"], search["max_qps"]["baseline"]
+    ratio = (b / u) if b and u else None
+    print(
+        f"   max QPS: lto {b or 0:.1f} vs baseline {u or 0:.1f}"
+        + (f" -> {ratio:.2f}x" if ratio else " (one side never met the SLO)")
+    )
+    print(f"   load average during the run: {os.getloadavg()[1]:.1f} (1-min {os.getloadavg()[0]:.1f})")
+    figures = {
+        "model": str(args.model),
+        "slo": {"ms": args.slo_ms, "percentile": args.percentile},
+        "low_load": low,
+        "max_qps": {**search, "ratio": ratio},
+        "load_average_5min": os.getloadavg()[1],
+    }
+    if args.out:
+        args.out.write_text(json.dumps(figures, indent=2) + "\n")
+        print(f"figures: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

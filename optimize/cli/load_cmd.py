@@ -1,0 +1,116 @@
+"""`lto load`: parse flags, drive a server (or an in-process batcher) with load, report the verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from optimize.cli.common import InputDataOption, JsonOption, ShapeOption, console, err_console, print_json
+from optimize.cli.serve_cmd import (
+    InstancesOption,
+    MaxBatchOption,
+    MaxQueueOption,
+    MaxWaitOption,
+    TargetLatencyOption,
+)
+
+EPILOG = """
+[bold]Examples[/]
+
+  lto load http://127.0.0.1:8000 --qps 200 --duration 30 --slo-ms 10    [dim](open-loop Poisson, p99 SLO)[/]
+  lto load http://127.0.0.1:8000 --model bert_tiny --shape sequence=128 --concurrency 8 --requests 5000
+  lto load http://127.0.0.1:8000 --find-max-qps --slo-ms 5 --percentile 99 -o load.json
+  lto load --artifact out/bert/ --qps 500 --requests 5000 --slo-ms 20          [dim](in-process, no HTTP)[/]
+  lto load sample_models/mlp_small.onnx --concurrency 16 --requests 2000 --json
+
+Open loop (--qps) measures each latency from the scheduled arrival, so queueing is never hidden.
+A run lasts --duration seconds and at least --min-queries requests (default: ten beyond the
+percentile, 1000 for p99), or exactly --requests. Exit code: 0 when the SLO verdict passes, 1 when not.
+"""
+
+
+def load(
+    target: str | None = typer.Argument(
+        None, help="Server URL (http://HOST:PORT), or an ONNX model to drive in-process.", show_default=False
+    ),
+    artifact: Path | None = typer.Option(None, "--artifact", help="Drive an artifact in-process (no HTTP)."),
+    model: str | None = typer.Option(
+        None, "--model", help="Model name on the server (default: the one it serves)."
+    ),
+    qps: float | None = typer.Option(
+        None, "--qps", help="Open-loop Poisson arrival rate (LoadGen Server scenario)."
+    ),
+    concurrency: int = typer.Option(
+        1, "--concurrency", "-c", min=1, help="Closed loop: requests kept in flight."
+    ),
+    duration: float = typer.Option(
+        10.0, "--duration", min=0.01, help="Seconds of load (and --min-queries at least)."
+    ),
+    requests: int | None = typer.Option(None, "--requests", "-n", min=1, help="Exactly this many requests."),
+    min_queries: int | None = typer.Option(
+        None, "--min-queries", min=1, help="Least requests in a --duration run."
+    ),
+    warmup: int = typer.Option(20, "--warmup", min=0, help="Requests sent first and not counted."),
+    slo_ms: float | None = typer.Option(None, "--slo-ms", help="Latency objective in ms at --percentile."),
+    percentile: float = typer.Option(99.0, "--percentile", help="Percentile the SLO applies to."),
+    max_error_rate: float = typer.Option(0.01, "--max-error-rate", min=0.0, max=1.0, help="Errors allowed."),
+    find_max: bool = typer.Option(
+        False, "--find-max-qps", help="Search the highest rate whose latency meets the SLO."
+    ),
+    shape: list[str] = ShapeOption,
+    input_data: Path | None = InputDataOption,
+    seed: int = typer.Option(0, "--seed", help="Seed for arrivals and generated inputs."),
+    max_batch: int = MaxBatchOption,
+    max_wait_ms: float = MaxWaitOption,
+    target_latency_ms: float = TargetLatencyOption,
+    max_queue: int = MaxQueueOption,
+    instances: int = InstancesOption,
+    report: Path | None = typer.Option(
+        None, "--report", "-o", help="Write the JSON report (kind load) here."
+    ),
+    json_out: bool = JsonOption,
+) -> None:
+    """Validate a server or artifact under load: latency percentiles, throughput, errors, SLO verdict."""
+    from optimize.errors import UsageError
+    from optimize.inputs import parse_shape_args
+    from optimize.report import write_report
+    from optimize.serve.app import LoadOptions, render_load, run_load_command
+    from optimize.serve.batcher import BatcherConfig
+    from optimize.serve.loadgen import LoadSettings
+
+    if (target is None) == (artifact is None):
+        raise UsageError("give a URL, a MODEL.onnx or --artifact DIR (one of them)", "see lto load --help")
+    options = LoadOptions(
+        LoadSettings(qps=qps, concurrency=concurrency, duration_s=duration, requests=requests,
+                     min_queries=min_queries, warmup=warmup, slo_ms=slo_ms, percentile=percentile,
+                     max_error_rate=max_error_rate, seed=seed),
+        find_max_qps=find_max,
+        report=report,
+    )  # fmt: skip
+    config = BatcherConfig(max_batch=max_batch, max_wait_ms=max_wait_ms, target_latency_ms=target_latency_ms,
+                           max_queue=max_queue, instances=instances)  # fmt: skip
+    quiet = console if not json_out else err_console
+
+    def step(line: str) -> None:
+        err_console.print(f"[dim]{line}[/]", highlight=False)
+
+    with err_console.status("running load", spinner="dots"):
+        result = run_load_command(
+            target, artifact, model_name=model, shapes=parse_shape_args(shape), input_data=input_data,
+            options=options, batcher_config=config, console=quiet, progress=step,
+        )  # fmt: skip
+    if report is not None:
+        write_report(report, result)
+    if json_out:
+        print_json(result)
+    else:
+        render_load(result, console)
+        if report is not None:
+            console.print(f"report: {report}")
+    if not result["load"]["verdict"]["passed"]:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("load", epilog=EPILOG)(load)

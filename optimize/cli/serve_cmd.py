@@ -1,0 +1,123 @@
+"""`lto serve`: parse flags, then serve a model over KServe v2 HTTP with dynamic batching."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from optimize.cli.common import ShapeOption, console
+
+EPILOG = """
+[bold]Examples[/]
+
+  lto serve sample_models/mlp_small.onnx          [dim](http://127.0.0.1:8000, model "mlp_small")[/]
+  lto serve --artifact out/bert/ --target-latency-ms 20 --max-batch 16
+  lto serve sample_models/bert_tiny.onnx --shape sequence=128 --max-wait-ms 1 --port 9000
+  lto serve --artifact out/bert/ --validate --qps 200 --requests 4000 --slo-ms 15
+      [dim](for CI: serves, runs lto load against itself, exit code = the SLO verdict)[/]
+  lto serve sample_models/mlp_small.onnx --validate --find-max-qps --slo-ms 5 --report load.json
+
+Protocol: KServe v2 / Open Inference Protocol (tritonclient.http, KServe SDKs, curl work):
+  GET /v2/health/live | /v2/health/ready | /v2 | /v2/models/NAME | /v2/models/NAME/ready | /metrics
+  POST /v2/models/NAME/infer   (JSON tensors or the binary tensor data extension)
+Answers: 400 bad input (names the input), 413 body too large, 503 overloaded (with Retry-After),
+504 deadline missed.
+SIGTERM or Ctrl-C drains: everything accepted is answered, then the process exits.
+"""
+
+# Batching options, shared with `lto load --artifact` (in-process runs use the same batcher).
+MaxBatchOption = typer.Option(32, "--max-batch", min=1, help="Most rows in one model call.")
+MaxWaitOption = typer.Option(
+    1.0, "--max-wait-ms", min=0.0, help="Longest a request waits for others to join its batch."
+)
+TargetLatencyOption = typer.Option(
+    50.0, "--target-latency-ms", min=0.001, help="Default deadline per request; batch size adapts to it."
+)
+MaxQueueOption = typer.Option(
+    256, "--max-queue", min=1, help="Rows waiting beyond which requests are shed (503)."
+)
+InstancesOption = typer.Option(1, "--instances", min=1, help="Model instances, each with its own thread.")
+
+
+def serve(
+    model: Path | None = typer.Argument(
+        None, help="ONNX model file (run with ONNX Runtime).", show_default=False
+    ),
+    artifact: Path | None = typer.Option(
+        None, "--artifact", help="Artifact directory written by `lto optimize`."
+    ),
+    name: str | None = typer.Option(
+        None, "--name", help="Model name in URLs (default: file or directory name)."
+    ),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to bind; 0.0.0.0 exposes it to the network."
+    ),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port (0 picks a free one)."),
+    max_batch: int = MaxBatchOption,
+    max_wait_ms: float = MaxWaitOption,
+    target_latency_ms: float = TargetLatencyOption,
+    max_queue: int = MaxQueueOption,
+    instances: int = InstancesOption,
+    max_body_mb: float = typer.Option(
+        64.0, "--max-body-mb", min=0.001, help="Largest request body accepted."
+    ),
+    shape: list[str] = ShapeOption,
+    validate: bool = typer.Option(
+        False, "--validate", help="Run `lto load` against the server, exit with its verdict."
+    ),
+    qps: float | None = typer.Option(None, "--qps", help="--validate: open-loop Poisson rate."),
+    concurrency: int = typer.Option(
+        1, "--concurrency", min=1, help="--validate: closed-loop requests in flight."
+    ),
+    duration: float = typer.Option(10.0, "--duration", min=0.01, help="--validate: seconds of load."),
+    requests: int | None = typer.Option(None, "--requests", min=1, help="--validate: exact request count."),
+    slo_ms: float | None = typer.Option(None, "--slo-ms", help="--validate: latency SLO in ms."),
+    percentile: float = typer.Option(99.0, "--percentile", help="--validate: SLO percentile."),
+    find_max: bool = typer.Option(
+        False, "--find-max-qps", help="--validate: search the highest rate within the SLO."
+    ),
+    report: Path | None = typer.Option(
+        None, "--report", "-o", help="--validate: write the load report here."
+    ),
+) -> None:
+    """Serve a model or artifact over HTTP (KServe v2) with deadline-aware dynamic batching."""
+    from optimize.errors import UsageError
+    from optimize.inputs import parse_shape_args
+    from optimize.serve.app import LoadOptions, run_serve
+    from optimize.serve.batcher import BatcherConfig
+    from optimize.serve.loadgen import LoadSettings
+    from optimize.serve.server import ServerConfig
+
+    if (model is None) == (artifact is None):
+        raise UsageError("give a MODEL.onnx or --artifact DIR (one of them)", "see lto serve --help")
+    load_options = None
+    if validate:
+        load_options = LoadOptions(
+            LoadSettings(qps=qps, concurrency=concurrency, duration_s=duration, requests=requests,
+                         slo_ms=slo_ms, percentile=percentile),
+            find_max_qps=find_max,
+            report=report,
+        )  # fmt: skip
+        load_options.settings.validate()
+    elif any(v is not None for v in (qps, requests, slo_ms, report)) or find_max:
+        raise UsageError(
+            "--qps/--requests/--slo-ms/--find-max-qps/--report apply to --validate", "add --validate"
+        )
+    code = run_serve(
+        model,
+        artifact,
+        BatcherConfig(max_batch=max_batch, max_wait_ms=max_wait_ms, target_latency_ms=target_latency_ms,
+                      max_queue=max_queue, instances=instances),
+        ServerConfig(host=host, port=port, model_name=name or "",
+                     max_body_bytes=int(max_body_mb * 1024 * 1024)),
+        shapes=parse_shape_args(shape),
+        validate=load_options,
+        console=console,
+    )  # fmt: skip
+    if code:
+        raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve", epilog=EPILOG)(serve)

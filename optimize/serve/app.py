@@ -1,0 +1,321 @@
+"""What `lto serve` and `lto load` do, behind their argument parsing."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from optimize.errors import LtoError, UsageError
+from optimize.serve.batcher import Batcher, BatcherConfig
+from optimize.serve.loadgen import (
+    HttpTarget,
+    InProcessTarget,
+    LoadResult,
+    LoadSettings,
+    MaxQpsSearch,
+    Target,
+    find_max_qps,
+    load_report,
+    run_load,
+)
+from optimize.serve.loading import ServedModel, calibration_row, open_instances, resolve_model
+from optimize.serve.server import RunningServer, ServerConfig, serve_until_signal
+
+
+@dataclass
+class LoadOptions:
+    """Everything `lto load` (and `lto serve --validate`) needs beyond the target."""
+
+    settings: LoadSettings
+    find_max_qps: bool = False
+    report: Path | None = None
+
+    def cli_args(self) -> list[str]:
+        """The same options as `lto load` flags, for the child process of `serve --validate`."""
+        s = self.settings
+        args = ["--percentile", f"{s.percentile:g}", "--max-error-rate", f"{s.max_error_rate:g}"]
+        args += ["--warmup", str(s.warmup), "--seed", str(s.seed)]
+        if s.qps is not None:
+            args += ["--qps", f"{s.qps:g}"]
+        else:
+            args += ["--concurrency", str(s.concurrency)]
+        if s.requests is not None:
+            args += ["--requests", str(s.requests)]
+        elif s.duration_s is not None:
+            args += ["--duration", f"{s.duration_s:g}"]
+        if s.min_queries is not None:
+            args += ["--min-queries", str(s.min_queries)]
+        if s.slo_ms is not None:
+            args += ["--slo-ms", f"{s.slo_ms:g}"]
+        if self.find_max_qps:
+            args.append("--find-max-qps")
+        if self.report is not None:
+            args += ["--report", str(self.report)]
+        return args
+
+
+def _open(
+    served: ServedModel, config: BatcherConfig, shapes: dict[str, tuple[int, ...]], console: Console
+) -> tuple[Batcher, dict[str, np.ndarray] | None]:
+    for warning in served.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+    backends = open_instances(served, config.instances)
+    batcher = Batcher(backends, config)
+    row, why = calibration_row(served, backends[0], shapes)
+    if why:
+        console.print(f"[yellow]note:[/] {why}")
+    for note in batcher.signature.notes:
+        console.print(f"[dim]{note}[/]")
+    return batcher, row
+
+
+def run_serve(
+    model: Path | None,
+    artifact: Path | None,
+    batcher_config: BatcherConfig,
+    server_config: ServerConfig,
+    *,
+    shapes: dict[str, tuple[int, ...]],
+    validate: LoadOptions | None,
+    console: Console,
+) -> int:
+    """Serve until SIGTERM; with `validate`, run `lto load` against ourselves and return its verdict."""
+    served = resolve_model(model, artifact, server_config.model_name or None)
+    server_config.model_name = served.name
+    server_config.platform = served.platform
+    batcher, row = _open(served, batcher_config, shapes, console)
+
+    def announce(running: RunningServer) -> Awaitable[int] | None:
+        lat = batcher.latency
+        console.print(
+            f"serving [bold]{served.name}[/] ({served.backend_kind}, {len(batcher.backends)} instance(s), "
+            f"max batch {batcher.max_rows}) at {running.url}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        if lat.n:
+            console.print(
+                f"[dim]calibrated: {lat.intercept:.3f} ms + {lat.slope:.4f} ms/row; "
+                f"target latency {batcher_config.target_latency_ms:g} ms[/]"
+            )
+        sys.stdout.flush()
+        if validate is None:
+            return None
+        return _validate_child(running, served.name, validate, console)
+
+    async def main() -> int | None:
+        try:
+            return await serve_until_signal(batcher, server_config, row or None, on_ready=announce)
+        except OSError as exc:
+            raise LtoError(
+                f"cannot listen on {server_config.host}:{server_config.port}: {exc.strerror or exc}",
+                "choose another --port",
+            ) from None
+
+    code = asyncio.run(main())
+    console.print(f"drained: {batcher.requests_answered} requests answered in {batcher.batches_run} batches")
+    return 0 if code is None else code
+
+
+async def _validate_child(running: RunningServer, name: str, options: LoadOptions, console: Console) -> int:
+    """`lto load` in its own process, so that the generator and the server do not share a GIL."""
+    cmd = [sys.executable, "-m", "optimize", "load", running.url, "--model", name, *options.cli_args()]
+    console.print(f"[dim]validating: lto load {running.url} {' '.join(cmd[6:])}[/]", highlight=False)
+    proc = await asyncio.create_subprocess_exec(*cmd)
+    try:
+        return await proc.wait()
+    except asyncio.CancelledError:
+        proc.terminate()
+        await proc.wait()
+        raise
+
+
+async def _remote_target(
+    url: str, model: str | None, shapes: dict[str, tuple[int, ...]], input_data: Path | None, seed: int
+) -> tuple[HttpTarget, dict[str, Any]]:
+    import aiohttp
+
+    from optimize.backends.base import TensorSpec
+    from optimize.inputs import resolve_inputs
+    from optimize.serve.protocol import V2_TO_NUMPY
+
+    base = url.rstrip("/")
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            if model is None:
+                async with session.get(f"{base}/v2") as resp:
+                    meta = await resp.json(content_type=None)
+                models = meta.get("lto_models") if isinstance(meta, dict) else None
+                if not models:
+                    raise UsageError(f"{base} does not say which models it serves", "give --model NAME")
+                model = str(models[0])
+            async with session.get(f"{base}/v2/models/{model}") as resp:
+                if resp.status != 200:
+                    raise UsageError(f"{base} has no model {model!r} (HTTP {resp.status})", "check --model")
+                meta = await resp.json(content_type=None)
+    except aiohttp.ClientError as exc:
+        raise LtoError(f"cannot reach {base}: {exc}", "start it with `lto serve` or check the URL") from None
+    specs = []
+    for item in meta.get("inputs", []):
+        dtype = V2_TO_NUMPY.get(item["datatype"])
+        if dtype is None:
+            raise UsageError(
+                f"input {item['name']!r} has datatype {item['datatype']}, which lto load cannot generate"
+            )
+        specs.append(TensorSpec(item["name"], dtype, tuple(d if d >= 0 else None for d in item["shape"])))
+    spec, feeds = resolve_inputs("remote-model", shapes, input_data, seed=seed, batch=1, specs=specs)
+    return HttpTarget(base, model, feeds), spec.to_json()
+
+
+def run_load_command(
+    target_arg: str | None,
+    artifact: Path | None,
+    *,
+    model_name: str | None,
+    shapes: dict[str, tuple[int, ...]],
+    input_data: Path | None,
+    options: LoadOptions,
+    batcher_config: BatcherConfig,
+    console: Console,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the load (remote over HTTP, or in-process on a model/artifact) and return the report."""
+    from optimize.inputs import resolve_inputs
+
+    settings = options.settings
+    settings.validate()
+    remote = target_arg is not None and target_arg.startswith(("http://", "https://"))
+
+    async def main() -> dict[str, Any]:
+        batcher: Batcher | None = None
+        server_info: dict[str, Any] | None = None
+        model_path: str | None = None
+        target: Target
+        if remote:
+            assert target_arg is not None
+            target, spec_json = await _remote_target(
+                target_arg, model_name, shapes, input_data, settings.seed
+            )
+            backend = "remote"
+        else:
+            served = resolve_model(target_arg, artifact, model_name)
+            batcher, row = _open(served, batcher_config, shapes, console)
+            await batcher.start(row)
+            if served.input_spec and not shapes and input_data is None:
+                spec_json = served.input_spec
+                feeds = {k: v for k, v in (row or {}).items()}
+            else:
+                spec, feeds = resolve_inputs(
+                    served.model_path,
+                    shapes,
+                    input_data,
+                    seed=settings.seed,
+                    batch=1,
+                    specs=batcher.signature.inputs,
+                )
+                spec_json = spec.to_json()
+            if not feeds:
+                raise UsageError("cannot make inputs for this model", "pin dynamic dims with --shape")
+            target = InProcessTarget(batcher, feeds, name=f"in-process {served.name}")
+            backend = served.backend_kind
+            model_path = str(served.model_path)
+            server_info = batcher.describe()
+        await target.open()
+        search: MaxQpsSearch | None = None
+        try:
+            if options.find_max_qps:
+                search = await find_max_qps(target, settings, start_qps=settings.qps, progress=progress)
+                results: list[LoadResult] = list(search.curve)
+            else:
+                results = [await run_load(target, settings)]
+        finally:
+            await target.close()
+            if batcher is not None:
+                server_info = batcher.describe()
+                await batcher.drain()
+        return load_report(
+            results,
+            target=target,
+            backend=backend,
+            model_path=model_path,
+            input_spec=spec_json,
+            settings=settings,
+            search=search,
+            server=server_info,
+        )
+
+    report = asyncio.run(main())
+    report["settings"]["find_max_qps"] = options.find_max_qps
+    return report
+
+
+def render_load(report: dict[str, Any], console: Console) -> None:
+    """Human summary: latency, throughput, errors, batches, where the time went, verdict."""
+    from rich.table import Table
+
+    load = report["load"]
+    for run in load["runs"] if load.get("max_qps") is None else load["runs"][-1:]:
+        lat = run["latency_ms"]
+        head = (
+            f"[bold]{run['label']}[/]: {run['completed_ok']}/{run['issued']} ok, "
+            f"{run['throughput_per_s']:.1f}/s"
+        )
+        console.print(head, highlight=False)
+        if lat:
+            console.print(
+                f"  latency ms  p50 {lat['p50']:.3f}  p90 {lat['p90']:.3f}  p99 {lat['p99']:.3f}  "
+                f"p99.9 {lat['p999']:.3f}  max {lat['max']:.3f}",
+                highlight=False,
+            )
+        if run["errors"]:
+            console.print("  errors: " + ", ".join(f"{k} {v}" for k, v in sorted(run["errors"].items())))
+        if run["batches_by_rows"]:
+            console.print(
+                "  batches formed (rows: count): "
+                + ", ".join(f"{k}: {v:g}" for k, v in run["batches_by_rows"].items()),
+                highlight=False,
+            )
+        if run["breakdown_ms"]:
+            table = Table(
+                "phase", "mean ms", "p50 ms", "p99 ms", title="where the time went", title_justify="left"
+            )
+            for name, stats in run["breakdown_ms"].items():
+                table.add_row(name, f"{stats['mean']:.3f}", f"{stats['p50']:.3f}", f"{stats['p99']:.3f}")
+            console.print(table)
+        lg = run["loadgen"]
+        console.print(f"  load generator: {lg['cpu_fraction_of_core']:.0%} of a core", highlight=False)
+        for warning in run["warnings"]:
+            console.print(f"  [yellow]warning:[/] {warning}", highlight=False)
+    if load.get("max_qps") is not None:
+        curve = load["max_qps"]
+        table = Table("offered qps", "achieved/s", "p50 ms", "tail ms", "errors", "mean batch", "SLO",
+                      title="latency-throughput curve", title_justify="left")  # fmt: skip
+        for point in curve["curve"]:
+            tail = next(
+                (v for k, v in point.items() if k.startswith("p") and k not in ("p50_ms", "passed")), None
+            )
+            table.add_row(
+                f"{point['offered_qps']:.1f}",
+                f"{point['throughput_per_s']:.1f}",
+                f"{point['p50_ms']:.3f}" if point["p50_ms"] is not None else "-",
+                f"{tail:.3f}" if tail is not None else "-",
+                f"{point['error_rate']:.1%}",
+                f"{point['mean_batch_rows']:.1f}" if point["mean_batch_rows"] else "-",
+                "pass" if point["passed"] else "fail",
+            )
+        console.print(table)
+        mq = curve["max_qps"]
+        console.print(f"max qps within the SLO: {mq:.1f}" if mq else "no rate met the SLO", highlight=False)
+    verdict = load["verdict"]
+    if report["settings"].get("slo_ms") is not None or not verdict["passed"]:
+        word = "[bold green]PASS[/]" if verdict["passed"] else "[bold red]FAIL[/]"
+        console.print(
+            f"verdict: {word}" + (f" ({'; '.join(verdict['reasons'])})" if verdict["reasons"] else "")
+        )

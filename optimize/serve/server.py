@@ -1,0 +1,351 @@
+"""The KServe v2 / Open Inference Protocol over HTTP, in front of the dynamic batcher.
+
+Speaks the protocol Triton, KServe and MLServer speak, so existing clients (tritonclient,
+KServe SDKs, curl) work unmodified. Every infer response carries a `Server-Timing` header
+with the server's own phases, so a client can attribute the rest of its latency to the
+network and HTTP handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from optimize import __version__
+from optimize.errors import InputError
+from optimize.serve.batcher import Batcher, BatchStats, DeadlineExceeded, ModelFailure, Overloaded
+from optimize.serve.protocol import (
+    HEADER_LENGTH,
+    check_requested_outputs,
+    decode_request,
+    encode_response,
+    v2_datatype,
+    v2_shape,
+)
+
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+OUTCOMES = ("ok", "bad_request", "too_large", "not_found", "overloaded", "timeout", "error")
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str = "model"
+    model_version: str = "1"
+    max_body_bytes: int = 64 * 1024 * 1024
+    platform: str = "onnxruntime_onnx"
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Metrics:
+    """Prometheus metrics in a registry of their own (several servers may live in one process)."""
+
+    def __init__(self, batcher: Batcher) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "lto_requests", "Inference requests by outcome.", ["outcome"], registry=self.registry
+        )
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome)  # export zeros so dashboards see every series
+        self.latency = Histogram(
+            "lto_request_latency_seconds",
+            "Server time of successful inference requests, body read to response built.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "lto_batch_size_rows", "Rows in each model call.", buckets=_BATCH_BUCKETS, registry=self.registry
+        )
+        self.model_time = Histogram(
+            "lto_model_seconds",
+            "Duration of each model call.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "lto_queue_wait_seconds", "Time requests waited for a batch.", buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
+        depth = Gauge("lto_queue_depth_rows", "Rows waiting in the queue.", registry=self.registry)
+        depth.set_function(lambda: batcher.queued_rows)
+        inflight = Gauge("lto_batches_in_flight", "Model calls running now.", registry=self.registry)
+        inflight.set_function(lambda: batcher.inflight_batches)
+
+    def on_batch(self, stats: BatchStats) -> None:
+        self.batch_size.observe(stats.rows)
+        if stats.ok:
+            self.model_time.observe(stats.model_ms / 1e3)
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def _server_timing(phases: dict[str, float], batch_rows: int) -> str:
+    parts = [f"{name};dur={ms:.3f}" for name, ms in phases.items()]
+    parts.append(f'rows;desc="{batch_rows}"')
+    return ", ".join(parts)
+
+
+class InferenceServer:
+    """The aiohttp application around one model's batcher."""
+
+    def __init__(self, batcher: Batcher, config: ServerConfig) -> None:
+        self.batcher = batcher
+        self.config = config
+        self.metrics = Metrics(batcher)
+        batcher.on_batch = self.metrics.on_batch
+        self.ready = False
+
+    def app(self) -> web.Application:
+        # client_max_size makes aiohttp refuse larger bodies while reading them (413).
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        model = "/v2/models/{model}"
+        app.router.add_get("/v2/health/live", self.live)
+        app.router.add_get("/v2/health/ready", self.server_ready)
+        app.router.add_get("/v2", self.server_metadata)
+        app.router.add_get(model, self.model_metadata)
+        app.router.add_get(model + "/versions/{version}", self.model_metadata)
+        app.router.add_get(model + "/ready", self.model_ready)
+        app.router.add_get(model + "/versions/{version}/ready", self.model_ready)
+        app.router.add_post(model + "/infer", self.infer)
+        app.router.add_post(model + "/versions/{version}/infer", self.infer)
+        app.router.add_get("/metrics", self.metrics_handler)
+        return app
+
+    def _is_ready(self) -> bool:
+        return self.ready and self.batcher.accepting
+
+    def _model_error(self, request: web.Request) -> web.Response | None:
+        name = request.match_info["model"]
+        version = request.match_info.get("version")
+        if name != self.config.model_name or (version is not None and version != self.config.model_version):
+            label = name if version is None else f"{name} version {version}"
+            return _error(404, f"unknown model {label!r}; this server serves {self.config.model_name!r}")
+        return None
+
+    async def live(self, request: web.Request) -> web.Response:
+        return web.json_response({"live": True})
+
+    async def server_ready(self, request: web.Request) -> web.Response:
+        ready = self._is_ready()
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "name": "lto",
+                "version": __version__,
+                "extensions": ["binary_tensor_data"],
+                # Not in the protocol (it has no model listing); lets `lto load URL` find the model.
+                "lto_models": [self.config.model_name],
+            }
+        )
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        if (err := self._model_error(request)) is not None:
+            return err
+        sig = self.batcher.signature
+        return web.json_response(
+            {
+                "name": self.config.model_name,
+                "versions": [self.config.model_version],
+                "platform": self.config.platform,
+                "inputs": [
+                    {"name": s.name, "datatype": v2_datatype(s.dtype), "shape": v2_shape(s.shape)}
+                    for s in sig.inputs
+                ],
+                "outputs": [
+                    {"name": s.name, "datatype": v2_datatype(s.dtype), "shape": v2_shape(s.shape)}
+                    for s in sig.outputs
+                ],
+            }
+        )
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        if (err := self._model_error(request)) is not None:
+            return err
+        ready = self._is_ready()
+        return web.json_response(
+            {"name": self.config.model_name, "ready": ready}, status=200 if ready else 503
+        )
+
+    async def metrics_handler(self, request: web.Request) -> web.Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _count(self, outcome: str) -> None:
+        self.metrics.requests.labels(outcome).inc()
+
+    async def infer(self, request: web.Request) -> web.Response:
+        t0 = time.monotonic()
+        if (err := self._model_error(request)) is not None:
+            self._count("not_found")
+            return err
+        limit = self.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            self._count("too_large")
+            return _error(
+                413, f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes"
+            )
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            self._count("too_large")
+            return _error(413, f"request body exceeds the limit of {limit} bytes")
+        try:
+            header = request.headers.get(HEADER_LENGTH)
+            try:
+                header_length = int(header) if header is not None else None
+            except ValueError:
+                raise InputError(f"{HEADER_LENGTH} must be an integer, got {header!r}") from None
+            sig = self.batcher.signature
+            parsed = decode_request(body, header_length, sig.inputs)
+            check_requested_outputs(parsed, sig.outputs)
+            self.batcher.check_request(parsed.feeds, full=False)
+        except InputError as exc:
+            self._count("bad_request")
+            return _error(400, exc.one_line())
+        t_decoded = time.monotonic()
+        try:
+            result = await self.batcher.submit(parsed.feeds, parsed.deadline_ms, arrived=t0)
+        except Overloaded as exc:
+            self._count("overloaded")
+            return _error(503, exc.message, {"Retry-After": str(exc.retry_after_s)})
+        except DeadlineExceeded as exc:
+            self._count("timeout")
+            return _error(504, exc.message)
+        except ModelFailure as exc:
+            self._count("error")
+            return _error(500, exc.message)
+        t_result = time.monotonic()
+        payload, head_len = encode_response(
+            self.config.model_name,
+            self.config.model_version,
+            parsed,
+            result.outputs,
+            self.batcher.signature.outputs,
+        )
+        t_done = time.monotonic()
+        phases = {
+            "decode": (t_decoded - t0) * 1e3,
+            "queue": result.queue_ms,
+            "batch": result.batch_ms,
+            "model": result.model_ms,
+            "encode": (t_done - t_result) * 1e3,
+            "total": (t_done - t0) * 1e3,
+        }
+        headers = {"Server-Timing": _server_timing(phases, result.batch_rows)}
+        if head_len is not None:
+            headers[HEADER_LENGTH] = str(head_len)
+            content_type = "application/octet-stream"
+        else:
+            content_type = "application/json"
+        self._count("ok")
+        self.metrics.latency.observe(t_done - t0)
+        self.metrics.queue_wait.observe(result.queue_ms / 1e3)
+        return web.Response(body=payload, headers=headers, content_type=content_type)
+
+
+@dataclass
+class RunningServer:
+    server: InferenceServer
+    runner: web.AppRunner
+    url: str
+
+    async def stop(self) -> None:
+        """Drain: refuse new work (503), answer everything accepted, then close the socket."""
+        self.server.ready = False
+        await self.server.batcher.drain()
+        await self.runner.cleanup()
+
+
+async def start_server(
+    batcher: Batcher,
+    config: ServerConfig,
+    sample_row: dict[str, Any] | None = None,
+) -> RunningServer:
+    """Calibrate the batcher, bind the socket, and return once the server answers requests."""
+    await batcher.start(sample_row or None)
+    server = InferenceServer(batcher, config)
+    runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=30.0)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    addresses = runner.addresses  # the real port when port 0 was asked for
+    port = addresses[0][1] if addresses else config.port
+    server.ready = True
+    return RunningServer(server, runner, f"http://{config.host}:{port}")
+
+
+async def serve_until_signal(
+    batcher: Batcher,
+    config: ServerConfig,
+    sample_row: dict[str, Any] | None = None,
+    on_ready: Callable[[RunningServer], Awaitable[int | None] | None] | None = None,
+) -> int | None:
+    """Serve until SIGTERM/SIGINT (or until `on_ready`'s coroutine returns), then drain and exit."""
+    running = await start_server(batcher, config, sample_row)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    result: int | None = None
+    try:
+        outcome = on_ready(running) if on_ready is not None else None
+        if outcome is not None:
+            # A validation run: serve until it finishes (its result is the exit code) or a signal.
+            task = asyncio.ensure_future(outcome)
+            waiter = asyncio.ensure_future(stop.wait())
+            done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if task in done:
+                result = task.result()
+            else:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if result is None:
+            await stop.wait()
+    finally:
+        await running.stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+    return result
