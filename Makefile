@@ -4,8 +4,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# Extras installed by `make install`: dev tools, plus the TVM stack so its stage is tested.
-EXTRAS ?= dev,tvm
+# Extras installed by `make install`: dev tools, the TVM stack (its stage is tested), and
+# TensorRT-RTX, which builds TensorRT engines without a GPU so the build path is tested too.
+EXTRAS ?= dev,tvm,tensorrt-rtx
 
 .PHONY: install demo test lint format samples clean
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from optimize.backends.base import Backend
 from optimize.env import CpuLoadMonitor
-from optimize.stats import bootstrap_ratio_ci, summarize
+from optimize.stats import bootstrap_ratio_ci, full_chunks, interleaved_ratio_ci, summarize
 
 # A measurement is called unstable above these.
 UNSTABLE_CV = 0.25
@@ -179,6 +179,8 @@ class Comparison:
     ratio: float  # metric(b) / metric(a): below 1 means B is faster
     ratio_ci95: tuple[float, float]
     chunks: int
+    chunk_runs: tuple[int, int] = (0, 0)  # runs per chunk of A and of B
+    ci_method: str = ""
 
     @property
     def b_faster(self) -> bool:
@@ -197,6 +199,11 @@ class Comparison:
             "ratio_ci95": list(self.ratio_ci95),
             "speedup": 1.0 / self.ratio if self.ratio > 0 else None,
             "chunks": self.chunks,
+            # Chunk i holds runs [i*chunk_runs, (i+1)*chunk_runs) of each side; A ran first in
+            # even chunks, B in odd ones. The gate relies on this layout.
+            "chunk_runs": list(self.chunk_runs),
+            "first_in_even_chunks": "A",
+            "ci_method": self.ci_method,
         }
 
 
@@ -266,8 +273,15 @@ def compare(
     load = float(np.mean(foreign)) if foreign else None
     ma = _measurement(a, labels[0], samples_a, settings, wall, stopped_by, load, fa)
     mb = _measurement(b, labels[1], samples_b, settings, wall, stopped_by, load, fb)
-    ratio, lo, hi = bootstrap_ratio_ci(samples_a, samples_b, metric=metric)
-    return Comparison(ma, mb, metric, ratio, (lo, hi), chunks)
+    blocks_a, blocks_b = full_chunks(samples_a, chunk_a), full_chunks(samples_b, chunk_b)
+    usable = min(blocks_a.shape[0], blocks_b.shape[0])
+    if usable >= 4:
+        ratio, lo, hi = interleaved_ratio_ci(blocks_a[:usable], blocks_b[:usable], metric=metric)
+        method = f"AB/BA bootstrap over {usable} chunk pairs"
+    else:  # too few chunks for a chunk-level interval: runs, with the caveat said
+        ratio, lo, hi = bootstrap_ratio_ci(samples_a, samples_b, metric=metric)
+        method = f"bootstrap over runs (only {usable} chunk pairs)"
+    return Comparison(ma, mb, metric, ratio, (lo, hi), chunks, (chunk_a, chunk_b), method)
 
 
 def _measurement(

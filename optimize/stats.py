@@ -91,3 +91,67 @@ def bootstrap_ratio_ci(
     ratios = rb / ra
     alpha = (1.0 - level) / 2.0
     return ratio, float(np.quantile(ratios, alpha)), float(np.quantile(ratios, 1.0 - alpha))
+
+
+def interleaved_ratio_ci(
+    blocks_a: np.ndarray,
+    blocks_b: np.ndarray,
+    metric: str = "p50",
+    n: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """metric(B) / metric(A) for runs measured interleaved in chunk pairs, with a 95% CI.
+
+    `blocks_a[i]` and `blocks_b[i]` are chunk i's runs of each side, measured back to back, with
+    A first in even chunks and B first in odd ones (as `optimize.bench.compare` alternates).
+
+    * Runs inside a chunk share the machine's state (another job's burst), so they are not
+      independent: resampling single runs gives a CI far too narrow, which is how noise turns
+      into false "faster"/"slower" claims. Whole chunk pairs are resampled instead.
+    * On a loaded machine the side that runs second in a chunk can be much slower (the first
+      side's threads still spin, the scheduler slice is used up). The ratio is estimated within
+      each order and the two are combined by their geometric mean (an AB/BA crossover), which
+      cancels the order effect.
+    * A percentile bootstrap over few clusters is too narrow; it is widened in log space by the
+      factor that turns a normal interval into a Student-t one with chunks - 2 degrees of freedom.
+    """
+    from scipy.stats import norm, t
+
+    a = np.asarray(blocks_a, dtype=np.float64)
+    b = np.asarray(blocks_b, dtype=np.float64)
+    chunks = a.shape[0]
+    if chunks != b.shape[0] or chunks < 4:
+        raise ValueError("need at least 4 chunk pairs, the same number on both sides")
+    strata = [np.arange(0, chunks, 2), np.arange(1, chunks, 2)]  # A first, B first
+
+    def crossover(idx_by_order: list[np.ndarray]) -> np.ndarray:
+        log_ratio: np.ndarray | float = 0.0
+        for idx in idx_by_order:
+            m = idx.shape[0]
+            ra = metric_value(a[idx].reshape(m, -1), metric, axis=1)
+            rb = metric_value(b[idx].reshape(m, -1), metric, axis=1)
+            log_ratio = log_ratio + np.log(rb / ra)
+        return np.exp(np.asarray(log_ratio) / len(idx_by_order))
+
+    ratio = float(crossover([s[None, :] for s in strata])[0])
+    rng = np.random.default_rng(seed)
+    per_batch = max(1, 4_000_000 // (a.size + b.size))  # bounded memory for long runs
+    draws: list[np.ndarray] = []
+    done = 0
+    while done < n:
+        m = min(per_batch, n - done)
+        draws.append(crossover([s[rng.integers(0, s.size, size=(m, s.size))] for s in strata]))
+        done += m
+    alpha = (1.0 - level) / 2.0
+    lo, hi = np.quantile(np.concatenate(draws), [alpha, 1.0 - alpha])
+    dof = chunks - len(strata)
+    widen = float(t.ppf(1.0 - alpha, dof) / norm.ppf(1.0 - alpha)) * np.sqrt(chunks / dof)
+    return ratio, float(ratio * (lo / ratio) ** widen), float(ratio * (hi / ratio) ** widen)
+
+
+def full_chunks(samples: np.ndarray | list[float], chunk_runs: int) -> np.ndarray:
+    """The complete chunks of an interleaved side as a (chunks, chunk_runs) array."""
+    data = np.asarray(samples, dtype=np.float64)
+    full = data.size // chunk_runs if chunk_runs > 0 else 0
+    return data[: full * chunk_runs].reshape(full, chunk_runs)

@@ -1,0 +1,197 @@
+"""`lto gate`: fail CI on a latency regression, and only on a real one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from optimize.cli.common import InputDataOption, JsonOption, ShapeOption, console, err_console, print_json
+
+if TYPE_CHECKING:
+    from optimize.gate import GateResult, GateSettings, RerunRequest
+
+EPILOG = """
+[bold]Exit codes[/]: pass 0 · improved 10 · regressed 11 · inconclusive 12 · error 1 · usage 2
+
+Inconclusive = too noisy to decide, or not comparable (other machine, inputs or batch; no baseline).
+
+[bold]Examples[/]
+
+  lto gate -b main.json -c pr.json --max-regression 5%       [dim](two reports, p50, 5% budget)[/]
+  lto gate -b main.json -c pr.json -m p99 --markdown sum.md  [dim](tail latency, CI job summary)[/]
+  lto gate -b opt.json -c opt2.json --label final           [dim](the shipped artifact's row)[/]
+  lto gate --baseline-dir .lto-baselines -c pr.json --update-baseline   [dim](one baseline per machine)[/]
+  lto gate --rerun -b model.onnx -c artifact/ --time 10 --json          [dim](measure both here, A/B/A/B)[/]
+"""
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("gate", epilog=EPILOG)
+    def gate(
+        candidate: Path = typer.Option(
+            ..., "--candidate", "-c", help="Candidate report (.json), or model/artifact with --rerun."
+        ),
+        baseline: Path | None = typer.Option(
+            None, "--baseline", "-b", help="Baseline report (.json), or model/artifact with --rerun."
+        ),
+        baseline_dir: Path | None = typer.Option(
+            None,
+            "--baseline-dir",
+            help="Read the baseline from DIR/<machine fingerprint>/<name>.json instead of --baseline.",
+        ),
+        name: str | None = typer.Option(
+            None, "--name", help="Baseline name under --baseline-dir (default: the model file's stem)."
+        ),
+        update_baseline: bool = typer.Option(
+            False,
+            "--update-baseline",
+            help="Store the candidate as the baseline when none exists for this machine or it improved.",
+        ),
+        force_update_baseline: bool = typer.Option(
+            False,
+            "--force-update-baseline",
+            help="Store the candidate as the baseline whatever the verdict (accept a slowdown on purpose).",
+        ),
+        metric: str = typer.Option("p50", "--metric", "-m", help="p50, p90, p99 or throughput."),
+        max_regression: str = typer.Option(
+            "5%", "--max-regression", help="Largest allowed slowdown: 5% or 0.05."
+        ),
+        min_improvement: str | None = typer.Option(
+            None, "--min-improvement", help="Smallest speed-up reported as improved (default: the budget)."
+        ),
+        alpha: float = typer.Option(0.01, "--alpha", help="Significance level of the Mann-Whitney U test."),
+        label: str | None = typer.Option(
+            None,
+            "--label",
+            help="Measurement to use (default: an optimize report's artifact, else 'final', else the last).",
+        ),
+        baseline_label: str | None = typer.Option(
+            None, "--baseline-label", help="Measurement to use in the baseline report (default: --label)."
+        ),
+        rerun: bool = typer.Option(
+            False, "--rerun", help="Measure --baseline and --candidate models interleaved here, then decide."
+        ),
+        max_time: float = typer.Option(
+            10.0, "--time", help="--rerun: most seconds of timed runs per interleaved run."
+        ),
+        no_confirm: bool = typer.Option(
+            False, "--no-confirm", help="--rerun: do not confirm a regression with a second run."
+        ),
+        shape: list[str] = ShapeOption,
+        input_data: Path | None = InputDataOption,
+        batch: int | None = typer.Option(
+            None, "--batch", help="--rerun: batch size for a dynamic batch dim."
+        ),
+        markdown: Path | None = typer.Option(
+            None, "--markdown", help="Write a Markdown summary (e.g. for $GITHUB_STEP_SUMMARY) to FILE."
+        ),
+        output: Path | None = typer.Option(
+            None, "--output", "-o", help="Write the decision as an lto report of kind 'gate' to FILE."
+        ),
+        as_json: bool = JsonOption,
+    ) -> None:
+        """Compare latency against a baseline and exit with the verdict's code.
+
+        Uses the raw samples: a Mann-Whitney U test plus a bootstrap 95% CI of the metric's ratio.
+
+        It fails only when the slowdown is significant and its whole CI lies beyond --max-regression.
+
+        A noisy comparison is "inconclusive", never "regressed"; with --rerun a regression must show twice.
+        """
+        from optimize import gate as g
+        from optimize.errors import UsageError
+        from optimize.fsio import write_text_atomic
+
+        settings = g.GateSettings(
+            metric=metric,
+            max_regression=g.parse_fraction(max_regression),
+            min_improvement=(
+                g.parse_fraction(min_improvement, "--min-improvement")
+                if min_improvement is not None
+                else None
+            ),
+            alpha=alpha,
+        )
+        source_report = None
+        if rerun:
+            if baseline is None or baseline_dir is not None:
+                raise UsageError("--rerun needs --baseline MODEL (a model or artifact, not --baseline-dir)")
+            if update_baseline or force_update_baseline or name or label or baseline_label:
+                raise UsageError(
+                    "--update-baseline, --name and --label apply to reports, not to --rerun",
+                    "--rerun measures both models now; store a report from `lto bench` as a baseline instead",
+                )
+            request = _rerun_request(baseline, candidate, shape, input_data, batch, max_time, not no_confirm)
+            result, source_report = _run_with_progress(request, settings, quiet=as_json)
+        else:
+            if shape or input_data is not None or batch is not None:
+                raise UsageError("--shape, --input-data and --batch apply to --rerun only")
+            result = g.gate_reports(
+                candidate,
+                baseline_file=baseline,
+                baseline_dir=baseline_dir,
+                name=name,
+                label=label,
+                baseline_label=baseline_label,
+                settings=settings,
+                update_baseline=update_baseline,
+                force_update_baseline=force_update_baseline,
+            )
+        if markdown is not None:
+            write_text_atomic(markdown, g.render_markdown(result))
+        if output is not None:
+            from optimize.report import write_report
+
+            write_report(output, g.gate_report(result, source_report))
+        if as_json:
+            print_json(result.to_json())
+        else:
+            console.print(g.render_table(result))
+        raise typer.Exit(result.exit_code)
+
+
+def _rerun_request(
+    baseline: Path,
+    candidate: Path,
+    shape: list[str],
+    input_data: Path | None,
+    batch: int | None,
+    max_time: float,
+    confirm: bool,
+) -> RerunRequest:
+    from optimize.errors import UsageError
+    from optimize.gate import RerunRequest, rerun_bench_settings
+    from optimize.inputs import parse_shape_args
+
+    if max_time <= 0:
+        raise UsageError("--time must be more than 0 seconds")
+    if batch is not None and batch < 1:
+        raise UsageError("--batch must be at least 1")
+    return RerunRequest(
+        baseline=baseline,
+        candidate=candidate,
+        shapes=parse_shape_args(shape),
+        input_data=input_data,
+        batch=batch,
+        bench=rerun_bench_settings(max_time),
+        confirm=confirm,
+    )
+
+
+def _run_with_progress(
+    request: RerunRequest, settings: GateSettings, quiet: bool
+) -> tuple[GateResult, dict[str, Any]]:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from optimize.gate import gate_rerun
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=True, disable=quiet) as progress:
+        task = progress.add_task("interleaved A/B run", total=None)
+
+        def tick(what: str, runs: int, elapsed: float) -> None:
+            progress.update(task, description=f"interleaved A/B {what}: {runs} runs, {elapsed:.1f}s")
+
+        return gate_rerun(request, settings, tick)

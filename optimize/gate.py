@@ -1,0 +1,800 @@
+"""Latency regression gates that hold on noisy machines.
+
+The gate compares the raw latency samples of a baseline and a candidate, never two single
+numbers. It asks two questions and needs both answered before it fails a build:
+
+* is the candidate's distribution shifted at all? A one-sided Mann-Whitney U test on the
+  samples (rank based, so a handful of 10x outliers cannot fake a shift);
+* is the shift bigger than the budget? A bootstrap 95% CI of the ratio candidate/baseline of
+  the chosen metric must lie wholly beyond the budget. The budget is the minimum effect
+  size: a significant 0.3% slowdown passes a 5% budget, and a noisy comparison whose CI
+  straddles the budget is "inconclusive", never "regressed".
+
+Two reports measured at different times are compared run against run. With --rerun both
+sides are measured here, interleaved in short chunks; the CI then resamples whole chunk
+pairs (runs inside a chunk share the machine's load, so they are not independent), and a
+"regressed" verdict must be confirmed by a second, independent interleaved run.
+
+Verdicts and exit codes (chosen not to collide with the CLI's 1 = failure, 2 = usage):
+
+=============  ====  ==========================================================
+pass              0  the whole CI lies within the budget
+improved         10  significantly faster, by more than the minimum improvement
+regressed        11  significantly slower, the whole CI beyond the budget
+inconclusive     12  too noisy to decide, or the two sides are not comparable
+                     (different machines, inputs or batch sizes; no baseline)
+=============  ====  ==========================================================
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from optimize.errors import UsageError
+
+PASS, IMPROVED, REGRESSED, INCONCLUSIVE = "pass", "improved", "regressed", "inconclusive"
+EXIT_CODES: dict[str, int] = {PASS: 0, IMPROVED: 10, REGRESSED: 11, INCONCLUSIVE: 12}
+METRICS = ("p50", "p90", "p99", "throughput")
+# Fewest chunk pairs an interleaved comparison needs before its chunk bootstrap means anything.
+MIN_CHUNKS = 6
+
+# Input-spec keys that describe where data came from, not what it is: two runs on the same
+# .npz at different paths (or the same generator with a reworded note) are the same inputs.
+_INPUT_KEYS_IGNORED = {"data_file", "note"}
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """How the gate decides. `max_regression` is a fraction: 0.05 = 5%."""
+
+    metric: str = "p50"
+    max_regression: float = 0.05
+    # None = same as max_regression: changes smaller than the budget either way are "pass".
+    min_improvement: float | None = None
+    alpha: float = 0.01  # Mann-Whitney significance level (one-sided)
+    resamples: int = 2000  # bootstrap resamples for the ratio CI
+    seed: int = 0  # bootstrap seed: the same inputs always give the same verdict
+    min_samples: int = 10
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise UsageError(f"unknown metric {self.metric!r}", f"choose one of: {', '.join(METRICS)}")
+        if not 0 <= self.max_regression < 10:
+            raise UsageError(f"--max-regression must be between 0% and 1000%, not {self.max_regression:.0%}")
+        if self.min_improvement is not None and not 0 <= self.min_improvement < 1:
+            raise UsageError("--min-improvement must be between 0% and 100%")
+        if not 0 < self.alpha < 0.5:
+            raise UsageError(f"--alpha must be between 0 and 0.5, not {self.alpha}")
+
+    @property
+    def improvement_threshold(self) -> float:
+        return self.max_regression if self.min_improvement is None else self.min_improvement
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "max_regression": self.max_regression,
+            "min_improvement": self.improvement_threshold,
+            "alpha": self.alpha,
+            "resamples": self.resamples,
+            "seed": self.seed,
+            "min_samples": self.min_samples,
+        }
+
+
+def parse_fraction(text: str | float, option: str = "--max-regression") -> float:
+    """'5%' -> 0.05, '0.05' -> 0.05. A bare number above 1 is refused: '5' is ambiguous."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        raw = text.strip()
+        match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(%?)", raw)
+        if not match:
+            raise UsageError(f"bad {option} {text!r}", "write a percentage like 5% or a fraction like 0.05")
+        value = float(match.group(1))
+        if match.group(2):
+            value /= 100.0
+        elif value > 1:
+            raise UsageError(
+                f"ambiguous {option} {text!r}",
+                f"write {raw}% for a percentage or {value / 100:g} as a fraction",
+            )
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"bad {option} {text!r}: it must be zero or more")
+    return value
+
+
+@dataclass
+class Side:
+    """One side of a comparison: raw samples plus what makes two sides comparable."""
+
+    name: str  # where it came from, for people: a report path, a model path
+    label: str  # the measurement's label in its report
+    samples_ms: np.ndarray
+    batch_size: int = 1
+    fingerprint: str | None = None
+    input_spec: Mapping[str, Any] | None = None
+    # Interleaved runs: the samples are `chunks` consecutive blocks of `chunk_runs` runs (the
+    # last may be cut short), block i of both sides measured back to back. None when plain.
+    chunks: int | None = None
+    chunk_runs: int | None = None
+
+    def blocks(self) -> np.ndarray | None:
+        """The complete chunks as a (chunks, runs per chunk) array, or None when not interleaved."""
+        from optimize.stats import full_chunks
+
+        if self.chunk_runs:
+            return full_chunks(self.samples_ms, self.chunk_runs)
+        if not self.chunks or self.chunks < 2 or self.samples_ms.size % self.chunks:
+            return None
+        return self.samples_ms.reshape(self.chunks, -1)
+
+    @classmethod
+    def from_measurement(
+        cls,
+        measurement: Mapping[str, Any],
+        *,
+        name: str,
+        fingerprint: str | None,
+        input_spec: Mapping[str, Any] | None,
+        chunks: int | None = None,
+        chunk_runs: int | None = None,
+    ) -> Side:
+        samples = measurement.get("samples_ms")
+        if not samples:
+            raise UsageError(
+                f"{name}: measurement {measurement.get('label', '?')!r} has no raw samples (samples_ms)",
+                "the gate needs the samples: produce the report with `lto bench` or `lto optimize`",
+            )
+        data = np.asarray(samples, dtype=np.float64)
+        if data.ndim != 1 or not np.all(np.isfinite(data)) or np.any(data < 0):
+            raise UsageError(f"{name}: samples_ms must be finite latencies in ms, none negative")
+        return cls(
+            name=name,
+            label=str(measurement.get("label", "")),
+            samples_ms=data,
+            batch_size=int(measurement.get("batch_size", 1) or 1),
+            fingerprint=fingerprint,
+            input_spec=input_spec,
+            chunks=chunks,
+            chunk_runs=chunk_runs,
+        )
+
+    def metric(self, metric: str) -> float:
+        if metric == "throughput":
+            return self.batch_size * 1000.0 / float(np.mean(self.samples_ms))
+        from optimize.stats import metric_value
+
+        return float(metric_value(self.samples_ms, metric))
+
+
+@dataclass
+class GateResult:
+    """The decision and every figure behind it."""
+
+    verdict: str
+    reason: str
+    settings: GateSettings
+    baseline: Side | None = None
+    candidate: Side | None = None
+    baseline_value: float | None = None
+    candidate_value: float | None = None
+    # metric(candidate) / metric(baseline); for interleaved runs balanced over the AB/BA orders
+    ratio: float | None = None
+    ratio_ci95: tuple[float, float] | None = None
+    change: float | None = None  # signed fraction: + means worse (slower or less throughput)
+    change_ci95: tuple[float, float] | None = None
+    p_slower: float | None = None  # Mann-Whitney: candidate's latencies stochastically larger
+    p_faster: float | None = None
+    ci_method: str | None = None
+    interleaved_runs: list[dict[str, Any]] = field(default_factory=list)  # --rerun: one per run
+    baseline_file: str | None = None
+    baseline_written: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    def to_json(self) -> dict[str, Any]:
+        def side(s: Side | None) -> dict[str, Any] | None:
+            if s is None:
+                return None
+            return {
+                "name": s.name,
+                "label": s.label,
+                "runs": int(s.samples_ms.size),
+                "batch_size": s.batch_size,
+                "fingerprint": s.fingerprint,
+            }
+
+        return {
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "metric": self.settings.metric,
+            "settings": self.settings.to_json(),
+            "baseline": side(self.baseline),
+            "candidate": side(self.candidate),
+            "baseline_value": self.baseline_value,
+            "candidate_value": self.candidate_value,
+            "unit": "per_s" if self.settings.metric == "throughput" else "ms",
+            "ratio": self.ratio,
+            "ratio_ci95": list(self.ratio_ci95) if self.ratio_ci95 else None,
+            "change": self.change,
+            "change_ci95": list(self.change_ci95) if self.change_ci95 else None,
+            "ci_method": self.ci_method,
+            "mann_whitney": {"p_slower": self.p_slower, "p_faster": self.p_faster},
+            "interleaved_runs": self.interleaved_runs,
+            "baseline_file": self.baseline_file,
+            "baseline_written": self.baseline_written,
+        }
+
+
+def _comparable_inputs(spec: Mapping[str, Any] | None) -> Any:
+    if spec is None:
+        return None
+
+    def strip(obj: Any) -> Any:
+        if isinstance(obj, Mapping):
+            return {k: strip(v) for k, v in obj.items() if k not in _INPUT_KEYS_IGNORED}
+        if isinstance(obj, (list, tuple)):
+            return [strip(v) for v in obj]
+        return obj
+
+    return strip(spec)
+
+
+def _input_difference(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> str | None:
+    """None when the two input specs describe the same inputs, else a short description."""
+    ca, cb = _comparable_inputs(a), _comparable_inputs(b)
+    if ca == cb:
+        return None
+    if ca is None or cb is None:
+        return "one side records no input spec"
+    if not isinstance(ca, dict) or not isinstance(cb, dict):
+        return "the input specs differ"
+    tensors_a = {t.get("name"): t for t in ca.get("inputs", []) if isinstance(t, dict)}
+    tensors_b = {t.get("name"): t for t in cb.get("inputs", []) if isinstance(t, dict)}
+    if set(tensors_a) != set(tensors_b):
+        return f"input names differ ({', '.join(map(str, tensors_a))} vs {', '.join(map(str, tensors_b))})"
+    for tname, ta in tensors_a.items():
+        tb = tensors_b[tname]
+        for key in sorted(set(ta) | set(tb)):
+            if ta.get(key) != tb.get(key):
+                return f"input {tname!r} {key} differs ({ta.get(key)} vs {tb.get(key)})"
+    for key in sorted(set(ca) | set(cb)):
+        if key != "inputs" and ca.get(key) != cb.get(key):
+            return f"input {key} differs ({ca.get(key)} vs {cb.get(key)})"
+    return "the input specs differ"
+
+
+def _share(x: float) -> str:
+    """0.05 -> '5%', 0.025 -> '2.5%'."""
+    return f"{x * 100:.3g}%"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
+
+
+def _fmt_p(p: float) -> str:
+    return f"{p:.2g}" if p >= 1e-4 else "<1e-4"
+
+
+def _p(p: float) -> str:
+    """'p=0.012' or 'p<1e-4' for a reason line."""
+    return f"p={p:.2g}" if p >= 1e-4 else "p<1e-4"
+
+
+def _ratio_ci(
+    baseline: Side, candidate: Side, stat: str, settings: GateSettings
+) -> tuple[float, float, float, str]:
+    """metric(candidate) / metric(baseline) with a bootstrap 95% CI, and how the CI was made.
+
+    Two separate reports have no pairing: their runs are resampled independently. Interleaved
+    samples are resampled by whole chunk pairs with the AB/BA crossover that cancels the run
+    order (`optimize.stats.interleaved_ratio_ci` explains why both matter on a loaded machine).
+    """
+    from optimize.stats import bootstrap_ratio_ci, interleaved_ratio_ci
+
+    a, b = baseline.blocks(), candidate.blocks()
+    if a is None or b is None or min(a.shape[0], b.shape[0]) < 4:
+        r, lo, hi = bootstrap_ratio_ci(
+            baseline.samples_ms, candidate.samples_ms, stat, n=settings.resamples, seed=settings.seed
+        )
+        return r, lo, hi, "bootstrap over runs"
+    chunks = min(a.shape[0], b.shape[0])
+    r, lo, hi = interleaved_ratio_ci(a[:chunks], b[:chunks], stat, n=settings.resamples, seed=settings.seed)
+    return r, lo, hi, f"AB/BA bootstrap over {chunks} interleaved chunk pairs"
+
+
+def decide(baseline: Side, candidate: Side, settings: GateSettings | None = None) -> GateResult:
+    """Compare candidate with baseline on `settings.metric`; see the module docstring for the rules."""
+    settings = settings or GateSettings()
+    result = GateResult(INCONCLUSIVE, "", settings, baseline, candidate)
+
+    # Comparability first: numbers from different machines or inputs are not evidence either way.
+    if baseline.fingerprint != candidate.fingerprint:
+        if baseline.fingerprint is None or candidate.fingerprint is None:
+            result.reason = "one side records no environment fingerprint, so the machines cannot be matched"
+        else:
+            result.reason = (
+                f"different machines (environment fingerprint {baseline.fingerprint} vs "
+                f"{candidate.fingerprint}): compare on one machine, keep baselines per machine, "
+                "or use --rerun"
+            )
+        return result
+    difference = _input_difference(baseline.input_spec, candidate.input_spec)
+    if difference:
+        result.reason = f"different inputs: {difference}"
+        return result
+    if baseline.batch_size != candidate.batch_size:
+        result.reason = f"different batch sizes ({baseline.batch_size} vs {candidate.batch_size})"
+        return result
+    fewest = min(baseline.samples_ms.size, candidate.samples_ms.size)
+    if fewest < settings.min_samples:
+        result.reason = f"too few samples ({fewest}; the gate needs at least {settings.min_samples} per side)"
+        return result
+    if baseline.chunks is not None and min(baseline.chunks, candidate.chunks or 0) < MIN_CHUNKS:
+        result.reason = (
+            f"too few interleaved chunks ({min(baseline.chunks, candidate.chunks or 0)}; the gate needs "
+            f"{MIN_CHUNKS} to tell a change from the machine's drift): measure longer with --time"
+        )
+        return result
+
+    from scipy.stats import mannwhitneyu
+
+    metric = settings.metric
+    result.baseline_value = baseline.metric(metric)
+    result.candidate_value = candidate.metric(metric)
+    # throughput = batch / mean latency, so its ratio is the inverse of the mean-latency ratio.
+    stat = "mean" if metric == "throughput" else metric
+    r, lo, hi, result.ci_method = _ratio_ci(baseline, candidate, stat, settings)
+    if metric == "throughput":
+        result.ratio, result.ratio_ci95 = 1.0 / r, (1.0 / hi, 1.0 / lo)
+        # "worse" is a throughput drop: change = 1 - ratio.
+        change, change_lo, change_hi = 1.0 - 1.0 / r, 1.0 - 1.0 / lo, 1.0 - 1.0 / hi
+    else:
+        result.ratio, result.ratio_ci95 = r, (lo, hi)
+        change, change_lo, change_hi = r - 1.0, lo - 1.0, hi - 1.0
+    result.change, result.change_ci95 = change, (change_lo, change_hi)
+    # Latency samples: "greater" = the candidate's latencies are stochastically larger (slower).
+    result.p_slower = float(
+        mannwhitneyu(candidate.samples_ms, baseline.samples_ms, alternative="greater").pvalue
+    )
+    result.p_faster = float(
+        mannwhitneyu(candidate.samples_ms, baseline.samples_ms, alternative="less").pvalue
+    )
+
+    worse_word, better_word = ("lower", "higher") if metric == "throughput" else ("slower", "faster")
+    budget = settings.max_regression
+    improvement = settings.improvement_threshold
+    what = f"{metric} {abs(change) * 100:.1f}% {worse_word if change > 0 else better_word}"
+    ci_text = f"95% CI of the change {_pct(change_lo)}..{_pct(change_hi)}"
+
+    if change_lo > budget:
+        if result.p_slower < settings.alpha:
+            result.verdict = REGRESSED
+            result.reason = (
+                f"{what} ({ci_text}), beyond the {_share(budget)} budget; Mann-Whitney {_p(result.p_slower)}"
+            )
+        else:
+            result.reason = (
+                f"{what} ({ci_text}) but the latency distribution is not significantly shifted "
+                f"(Mann-Whitney {_p(result.p_slower)}): tail noise, measure again"
+            )
+    elif change_hi <= budget:
+        if result.p_faster < settings.alpha and change_hi < -improvement:
+            result.verdict = IMPROVED
+            result.reason = (
+                f"{what} ({ci_text}), more than the {_share(improvement)} minimum improvement; "
+                f"Mann-Whitney {_p(result.p_faster)}"
+            )
+        else:
+            result.verdict = PASS
+            # Both tests must agree: the rank test alone over-reads runs that share a chunk's load.
+            significant = (result.p_slower < settings.alpha and change_lo > 0) or (
+                result.p_faster < settings.alpha and change_hi < 0
+            )
+            note = "a significant change, but" if significant else "no significant change,"
+            result.reason = f"{what} ({ci_text}): {note} within the {_share(budget)} budget"
+    else:
+        result.reason = (
+            f"too noisy to decide: {what} but the {ci_text} straddles the {_share(budget)} budget; "
+            + (
+                "measure longer (--time)"
+                if candidate.chunks
+                else "collect more runs, or compare interleaved with --rerun"
+            )
+        )
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Reports
+
+
+def pick_measurement(report: Mapping[str, Any], label: str | None = None, *, name: str = "report") -> dict:
+    """The measurement to gate on.
+
+    --label if given; else, in an `optimize` report, the shipped artifact's measurement (from
+    the final side-by-side comparison when there was one); else the one labelled "final";
+    else the last. `bench` and `load` reports usually hold one measurement.
+    """
+    results = [r for r in report.get("results") or [] if isinstance(r, Mapping)]
+    if not results:
+        raise UsageError(f"{name} has no measurements (results is empty)")
+    labels = [str(r.get("label", "")) for r in results]
+
+    def last_with(wanted: str) -> dict | None:
+        for r in reversed(results):
+            if r.get("label") == wanted:
+                return dict(r)
+        return None
+
+    if label is not None:
+        found = last_with(label)
+        if found is None:
+            raise UsageError(
+                f"{name} has no measurement labelled {label!r}", f"its labels: {', '.join(labels)}"
+            )
+        return found
+    section = report.get("optimize")
+    best = section.get("best") if isinstance(section, Mapping) else None
+    if isinstance(best, Mapping) and best.get("label"):
+        for wanted in (f"{best['label']} (final comparison)", str(best["label"])):
+            found = last_with(wanted)
+            if found is not None:
+                return found
+    return last_with("final") or dict(results[-1])
+
+
+def side_from_report(report: Mapping[str, Any], label: str | None, name: str) -> Side:
+    measurement = pick_measurement(report, label, name=name)
+    env = report.get("environment") or {}
+    return Side.from_measurement(
+        measurement,
+        name=name,
+        fingerprint=env.get("fingerprint") if isinstance(env, Mapping) else None,
+        input_spec=report.get("input_spec"),
+    )
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UsageError(f"report not found: {path}")
+    from optimize.report import load_report
+
+    return load_report(path)
+
+
+_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def baseline_name(report: Mapping[str, Any], name: str | None = None) -> str:
+    """The key a baseline is stored under: --name, else the model file's stem."""
+    if name is None:
+        model = report.get("model") or {}
+        path = model.get("path") if isinstance(model, Mapping) else None
+        if not path:
+            raise UsageError("the candidate report names no model", "give the baseline a name with --name")
+        name = Path(str(path)).stem
+        if name == "model":  # artifacts keep their model as model.onnx: use the folder name
+            name = Path(str(path)).parent.name or name
+    if not _NAME_OK.match(name):
+        raise UsageError(f"bad baseline name {name!r}", "use letters, digits, '.', '_' and '-' only")
+    return name
+
+
+def baseline_path(baseline_dir: Path, fingerprint: str, name: str) -> Path:
+    """DIR/<fingerprint>/<name>.json: one baseline per machine, never compared across machines."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", fingerprint):
+        raise UsageError(f"bad environment fingerprint {fingerprint!r} in the candidate report")
+    return baseline_dir / fingerprint / f"{name}.json"
+
+
+def store_baseline(path: Path, report: Mapping[str, Any]) -> Path:
+    from optimize.report import write_report
+
+    write_report(path, dict(report))  # validates, then writes atomically
+    return path
+
+
+def gate_reports(
+    candidate_path: Path,
+    *,
+    baseline_file: Path | None = None,
+    baseline_dir: Path | None = None,
+    name: str | None = None,
+    label: str | None = None,
+    baseline_label: str | None = None,
+    settings: GateSettings | None = None,
+    update_baseline: bool = False,
+    force_update_baseline: bool = False,
+) -> GateResult:
+    """Gate a candidate report against a baseline report, or against the stored baseline for this machine.
+
+    With `update_baseline` the candidate becomes the stored baseline when none exists for its
+    machine yet or when it improved; a "pass" does not move the baseline, so a string of small
+    slowdowns that each pass still adds up against the same reference. `force_update_baseline`
+    stores it whatever the verdict (to accept a known slowdown on purpose).
+    """
+    settings = settings or GateSettings()
+    if (baseline_file is None) == (baseline_dir is None):
+        raise UsageError("give exactly one of --baseline FILE and --baseline-dir DIR")
+    if (update_baseline or force_update_baseline) and baseline_dir is None:
+        raise UsageError(
+            "--update-baseline needs --baseline-dir", "baselines are stored per machine under it"
+        )
+    candidate_report = _read_report(candidate_path)
+    candidate = side_from_report(candidate_report, label, str(candidate_path))
+
+    stored: Path | None = None
+    if baseline_dir is not None:
+        if not candidate.fingerprint:
+            raise UsageError(
+                f"{candidate_path} records no environment fingerprint, so no baseline can be found"
+            )
+        stored = baseline_path(baseline_dir, candidate.fingerprint, baseline_name(candidate_report, name))
+        if not stored.is_file():
+            result = GateResult(
+                INCONCLUSIVE,
+                f"no baseline stored for this machine ({stored})",
+                settings,
+                candidate=candidate,
+                baseline_file=str(stored),
+            )
+            if update_baseline or force_update_baseline:
+                result.baseline_written = str(store_baseline(stored, candidate_report))
+                result.reason += "; stored the candidate as the baseline"
+            return result
+        baseline_file = stored
+    assert baseline_file is not None
+    baseline_report = _read_report(baseline_file)
+    baseline = side_from_report(baseline_report, baseline_label or label, str(baseline_file))
+    result = decide(baseline, candidate, settings)
+    result.baseline_file = str(baseline_file)
+    if stored is not None and (force_update_baseline or (update_baseline and result.verdict == IMPROVED)):
+        result.baseline_written = str(store_baseline(stored, candidate_report))
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# --rerun: measure both sides interleaved on this machine
+
+RunProgress = Callable[[str, int, float], None]
+
+
+@dataclass
+class RerunRequest:
+    """Two models or artifact directories to measure interleaved, with the inputs to feed both."""
+
+    baseline: Path
+    candidate: Path
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    input_data: Path | None = None
+    batch: int | None = None
+    bench: Any = None  # optimize.bench.BenchSettings; None = rerun_bench_settings()
+    confirm: bool = True  # confirm a "regressed" verdict with a second independent run
+
+
+def rerun_bench_settings(time_s: float = 10.0) -> Any:
+    """Benchmark settings for --rerun: spend the whole time budget, in very short chunks.
+
+    The decision rests on chunk pairs (see _ratio_ci): many short chunks pair A and B runs
+    that saw nearly the same machine state, and give the bootstrap many units to resample.
+    Measured on a loaded 2-core machine, 5 ms chunks gave 95% CIs several times narrower than
+    50 ms ones for the same time budget. Stopping early on the medians' CI would leave too few.
+    20,000 runs a side (the stop for sub-millisecond models) is already hundreds of chunk pairs
+    and keeps the bootstraps over the samples quick.
+    """
+    from optimize.bench import BenchSettings
+
+    return BenchSettings(max_time_s=time_s, target_ci_rel=None, max_runs=20_000, chunk_s=0.005)
+
+
+def gate_rerun(
+    request: RerunRequest, settings: GateSettings | None = None, progress: RunProgress | None = None
+) -> tuple[GateResult, dict[str, Any]]:
+    """Measure baseline and candidate interleaved (A/B/A/B) and decide on that.
+
+    Interleaving cancels the machine's drift between the two sides. A "regressed" verdict is
+    confirmed by a second, independent interleaved run (fresh sessions, fresh samples): the
+    verdict stays "regressed" only if both runs say so, otherwise it becomes "inconclusive".
+    Returns the result and the last run's compare report (for --output).
+    """
+    settings = settings or GateSettings()
+    first, report = _interleaved_run(request, settings, 1, progress)
+    if not (request.confirm and first.verdict == REGRESSED):
+        return first, report
+    second, report = _interleaved_run(request, replace(settings, seed=settings.seed + 1), 2, progress)
+    second.interleaved_runs = first.interleaved_runs + second.interleaved_runs
+    if second.verdict == REGRESSED:
+        second.reason = (
+            f"{second.reason} (confirmed by a second interleaved run: {_pct(first.change or 0)} in run 1)"
+        )
+    else:
+        second.reason = (
+            f"regression not confirmed: run 1 said regressed ({_pct(first.change or 0)}), "
+            f"run 2 said {second.verdict} ({_pct(second.change or 0)}): "
+            f"noise on this machine, measure again"
+        )
+        second.verdict = INCONCLUSIVE
+    return second, report
+
+
+def _interleaved_run(
+    request: RerunRequest, settings: GateSettings, index: int, progress: RunProgress | None
+) -> tuple[GateResult, dict[str, Any]]:
+    from optimize.measure import BenchRequest, run_compare
+
+    bench_request = BenchRequest(
+        model=request.baseline,
+        compare_with=request.candidate,
+        shapes=dict(request.shapes),
+        input_data=request.input_data,
+        batches=[request.batch] if request.batch else [],
+        settings=request.bench or rerun_bench_settings(),
+    )
+    tick = (lambda label, n, t: progress(f"run {index}", n, t)) if progress else None
+    report = run_compare(bench_request, tick)
+    env = report.get("environment") or {}
+    base_m, cand_m = report["results"][0], report["results"][1]
+    # run_compare feeds both sides the same values (it refuses models with different inputs).
+    spec = report.get("input_spec")
+    comparison = report.get("comparison") or {}
+    chunks = int(comparison.get("chunks") or 0)
+    runs_a, runs_b = comparison.get("chunk_runs") or (None, None)
+    base = Side.from_measurement(
+        base_m,
+        name=str(request.baseline),
+        fingerprint=env.get("fingerprint"),
+        input_spec=spec,
+        chunks=chunks,
+        chunk_runs=runs_a,
+    )
+    cand = Side.from_measurement(
+        cand_m,
+        name=str(request.candidate),
+        fingerprint=env.get("fingerprint"),
+        input_spec=spec,
+        chunks=chunks,
+        chunk_runs=runs_b,
+    )
+    result = decide(base, cand, settings)
+    result.interleaved_runs = [
+        {
+            "run": index,
+            "verdict": result.verdict,
+            "change": result.change,
+            "change_ci95": list(result.change_ci95) if result.change_ci95 else None,
+            "samples": [int(base.samples_ms.size), int(cand.samples_ms.size)],
+            # other processes' share of the CPU during the run: context for a noisy verdict
+            "foreign_cpu_fraction": (base_m.get("stability") or {}).get("foreign_cpu_fraction"),
+            "chunks": (report.get("comparison") or {}).get("chunks"),
+        }
+    ]
+    return result, report
+
+
+def gate_report(result: GateResult, source: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A report of kind "gate": the compared measurements in `results`, the decision under "gate"."""
+    from optimize.report import new_report
+
+    if source is not None:
+        report = new_report(
+            "gate", input_spec=source.get("input_spec"), settings=dict(source.get("settings") or {})
+        )
+        report["model"] = source.get("model")
+        report["results"] = list(source.get("results") or [])
+        if source.get("comparison"):
+            report["comparison"] = source["comparison"]
+    else:
+        report = new_report("gate")
+    report["gate"] = result.to_json()
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+_ICONS = {PASS: "✅", IMPROVED: "🚀", REGRESSED: "❌", INCONCLUSIVE: "⚠️"}
+_STYLES = {PASS: "green", IMPROVED: "bold green", REGRESSED: "bold red", INCONCLUSIVE: "yellow"}
+
+
+def _value(v: float | None, metric: str) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.1f}/s" if metric == "throughput" else f"{v:.3f} ms"
+
+
+def _rows(data: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(what, baseline, candidate) rows shared by the terminal table and the Markdown summary."""
+    metric = data["metric"]
+    base, cand = data.get("baseline") or {}, data.get("candidate") or {}
+    rows = [
+        ("source", str(base.get("name", "-")), str(cand.get("name", "-"))),
+        (metric, _value(data.get("baseline_value"), metric), _value(data.get("candidate_value"), metric)),
+        ("runs", str(base.get("runs", "-")), str(cand.get("runs", "-"))),
+    ]
+    if data.get("change") is not None and data.get("change_ci95"):
+        lo, hi = data["change_ci95"]
+        rows.append(("change, + = worse (95% CI)", "", f"{_pct(data['change'])} ({_pct(lo)} .. {_pct(hi)})"))
+        rows.append(("CI from", "", str(data.get("ci_method") or "-")))
+        mw = data.get("mann_whitney") or {}
+        rows.append(
+            (
+                "Mann-Whitney U p",
+                "",
+                f"slower {_fmt_p(mw.get('p_slower') or 1.0)} / faster {_fmt_p(mw.get('p_faster') or 1.0)}",
+            )
+        )
+    settings = data.get("settings") or {}
+    rows.append(
+        (
+            "budget",
+            "",
+            f"max regression {settings.get('max_regression', 0):.1%}, "
+            f"min improvement {settings.get('min_improvement', 0):.1%}",
+        )
+    )
+    runs = data.get("interleaved_runs") or []
+    if len(runs) > 1:
+        rows.append(
+            (
+                "interleaved runs",
+                "",
+                ", ".join(f"run {r['run']}: {r['verdict']} ({_pct(r.get('change') or 0)})" for r in runs),
+            )
+        )
+    if data.get("baseline_written"):
+        rows.append(("baseline written", "", str(data["baseline_written"])))
+    return rows
+
+
+def render_markdown_section(data: Mapping[str, Any]) -> str:
+    """Markdown for a gate decision (GateResult.to_json()): a CI job summary, verdict first."""
+    verdict = data["verdict"]
+    lines = [
+        f"## {_ICONS[verdict]} lto gate: {verdict} (exit {data['exit_code']})",
+        "",
+        str(data["reason"]),
+        "",
+        "| | baseline | candidate |",
+        "|---|---|---|",
+    ]
+    for what, base, cand in _rows(data):
+        if what == "source":
+            base, cand = f"`{base}`", f"`{cand}`"
+        lines.append(f"| {what} | {base} | {cand} |".replace("|  |", "| |"))
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(result: GateResult) -> str:
+    return render_markdown_section(result.to_json())
+
+
+def render_table(result: GateResult) -> Any:
+    """A rich renderable for terminals."""
+    from rich.table import Table
+
+    data = result.to_json()
+    style = _STYLES[result.verdict]
+    table = Table(
+        title=f"lto gate: [{style}]{result.verdict}[/] (exit {result.exit_code})", title_justify="left"
+    )
+    table.add_column("")
+    table.add_column("baseline", justify="right")
+    table.add_column("candidate", justify="right")
+    for row in _rows(data):
+        table.add_row(*row)
+    table.caption = result.reason
+    table.caption_justify = "left"
+    return table
