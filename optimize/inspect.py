@@ -26,7 +26,6 @@ pinned (`--shape`), never guessed.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from collections import Counter
@@ -222,14 +221,10 @@ def _infer_shapes(model: onnx.ModelProto) -> tuple[dict[str, list[int | str | No
     import onnx
 
     engine = "onnxruntime symbolic shape inference"
-    sym_logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
-    level = sym_logger.level
-    # Its warnings about ops it cannot infer are expected here (we fall back), not the user's problem.
-    sym_logger.setLevel(logging.ERROR)
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+        from optimize.onnx_utils import symbolic_infer_shapes
 
-        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+        inferred = symbolic_infer_shapes(model)
     except Exception:
         # The symbolic engine asserts on graphs it does not understand; onnx's own inference is
         # weaker (no data propagation through Slice, for one) but robust, so fall back to it.
@@ -240,8 +235,8 @@ def _infer_shapes(model: onnx.ModelProto) -> tuple[dict[str, list[int | str | No
             # No shapes beyond the declared ones: every cost then shows up as unknown.
             engine = "none (shape inference failed; see checks)"
             inferred = model
-    finally:
-        sym_logger.setLevel(level)
+    if inferred is None:  # the symbolic engine declines opsets below 7
+        inferred = model
     shapes = {}
     for v in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
         if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape"):

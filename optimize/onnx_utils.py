@@ -252,6 +252,33 @@ def nchwc_isa_requires(block: int) -> list[str]:
     return ["avx512f"] if block == 16 else ["avx2", "fma"]
 
 
+def symbolic_infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """onnxruntime's symbolic shape inference, without its litter.
+
+    On a graph it cannot finish, ORT saves `sym_shape_infer_temp.onnx` (+ external data) into the
+    current directory before raising. Run it from a throw-away directory so a user's folder never
+    gets those files. Raises whatever the inference raises.
+    """
+    import logging
+    import os
+    import tempfile
+
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    sym_logger = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    level = sym_logger.level
+    # Its warnings about ops it cannot infer are expected (callers fall back), not the user's problem.
+    sym_logger.setLevel(logging.ERROR)
+    previous = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="lto-shapes-") as scratch:
+        os.chdir(scratch)
+        try:
+            return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+        finally:
+            os.chdir(previous)
+            sym_logger.setLevel(level)
+
+
 def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     """Annotate intermediate shapes so ORT's fusions can prove their shape preconditions.
 
@@ -264,9 +291,7 @@ def infer_shapes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     if model.ByteSize() > EXTERNAL_DATA_THRESHOLD or has_external_data(model):
         return model, "none"
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+        inferred = symbolic_infer_shapes(model)
         if inferred is not None:
             return inferred, "symbolic"
     except Exception:  # any failure inside the third-party inference means "not available here"
