@@ -136,8 +136,9 @@ class OrtBackend(Backend):
         ]
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = self.session.run(self._output_names, dict(feeds))
-        return dict(zip(self._output_names, values, strict=True))
+        # None = every output in graph order: the binding's fastest path (no name lookups).
+        values = self.session.run(None, feeds if type(feeds) is dict else dict(feeds))
+        return dict(zip(self._output_names, values))  # noqa: B905 - ORT returns exactly these
 
     def describe(self) -> dict[str, Any]:
         import onnxruntime as ort
