@@ -32,8 +32,9 @@ class BenchSettings:
     max_time_s: float = 10.0
     # Stop once the 95% CI of the median is within this relative width (None: never stop early).
     target_ci_rel: float | None = 0.02
-    # Interleaved comparisons alternate chunks of about this many seconds per side.
-    chunk_s: float = 0.2
+    # Interleaved comparisons alternate chunks of about this many seconds per side. Short
+    # chunks give many chunk pairs, which is what the ratio's interval is computed over.
+    chunk_s: float = 0.02
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -244,6 +245,7 @@ def compare(
     samples_b: list[float] = []
     start = time.monotonic()
     chunks = 0
+    next_check = 8
     stopped_by = "runs"
     foreign: list[float] = []
     while len(samples_a) < settings.max_runs or len(samples_b) < settings.max_runs:
@@ -261,10 +263,16 @@ def compare(
         if progress is not None:
             progress(len(samples_a) + len(samples_b), elapsed)
         enough = min(len(samples_a), len(samples_b)) >= settings.min_runs and chunks >= 4
-        widest = max(median_ci_rel_width(sorted(samples_a)), median_ci_rel_width(sorted(samples_b)))
-        if enough and settings.target_ci_rel is not None and widest <= settings.target_ci_rel:
-            stopped_by = "ci"
-            break
+        if enough and settings.target_ci_rel is not None and chunks >= next_check:
+            # Stop on the ratio's own chunk-level interval (a cheap bootstrap), checked after
+            # ~25% more chunks each time: within ±target_ci_rel of the ratio, the answer is known.
+            next_check = int(chunks * 1.25) + 1
+            if (
+                _ratio_ci_rel_halfwidth(samples_a, samples_b, chunk_a, chunk_b, metric)
+                <= settings.target_ci_rel
+            ):
+                stopped_by = "ci"
+                break
         if elapsed >= settings.max_time_s and enough:
             stopped_by = "time"
             break
@@ -302,3 +310,14 @@ def _measurement(
 def _batch_of(feeds: Mapping[str, np.ndarray]) -> int:
     first = next(iter(feeds.values()), None)
     return int(first.shape[0]) if first is not None and first.ndim else 1
+
+
+def _ratio_ci_rel_halfwidth(
+    samples_a: list[float], samples_b: list[float], chunk_a: int, chunk_b: int, metric: str
+) -> float:
+    blocks_a, blocks_b = full_chunks(samples_a, chunk_a), full_chunks(samples_b, chunk_b)
+    usable = min(blocks_a.shape[0], blocks_b.shape[0])
+    if usable < 8:
+        return math.inf
+    ratio, lo, hi = interleaved_ratio_ci(blocks_a[:usable], blocks_b[:usable], metric=metric, n=300)
+    return (hi - lo) / 2.0 / ratio
