@@ -80,10 +80,15 @@ def target_inputs(
 def run_bench(request: BenchRequest, progress: Progress | None = None) -> dict[str, Any]:
     """Measure a target (or a batch sweep of it) and return a report of kind 'bench'."""
     target = resolve_target(request.model, request.backend)
+    overrides = dict(request.runtime_overrides)
+    if target.backend == "tvm":
+        # Alone in this process, TVM has no thread pool to fight: run it here, so the timings
+        # carry no inter-process cost. (--compare keeps it in its own process next to ORT.)
+        overrides.setdefault("process", "inline")
     measurements: list[Measurement] = []
     spec_json: dict[str, Any] | None = None
     describe: dict[str, Any] = {}
-    with opened(target, request.runtime_overrides) as backend:
+    with opened(target, overrides) as backend:
         describe = backend.describe()
         for batch in request.batches or [None]:
             spec, feeds = target_inputs(target, backend, request, batch)

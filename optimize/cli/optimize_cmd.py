@@ -22,6 +22,9 @@ EPILOG = """
   lto optimize model.onnx --recipe my.toml --quantize always --calib-data calib.npz
   lto optimize model.onnx --target-ms 2 --stop-at-target --time-budget 10m --json
   lto optimize model.onnx --tvm          [dim](also try TVM tuning; slow)[/]
+  lto optimize model.onnx --tvm --tvm-trials 200 --tvm-target x86-64-v3
+  lto optimize model.onnx --tvm --rpc-tracker 127.0.0.1:9190 --rpc-key cpu  [dim](measure on a fleet)[/]
+  lto optimize model.onnx --enable tensorrt-build --shape input_ids=1x128:8x128:32x128
 
 [bold]Exit codes[/]
 
@@ -93,6 +96,17 @@ def optimize_command(
         [], "--disable", help="Turn off a stage (repeatable).", metavar="STAGE"
     ),
     tvm: bool = typer.Option(False, "--tvm", help="Same as --enable tvm-tune."),
+    tvm_target: str | None = typer.Option(
+        None,
+        "--tvm-target",
+        help="CPU to build TVM code for: an LLVM CPU name (znver3), x86-64-v3, or a JSON target. "
+        "Default: this machine, validated.",
+    ),
+    tvm_trials: int | None = typer.Option(None, "--tvm-trials", min=1, help="TVM tuning trials in all."),
+    rpc_tracker: str | None = typer.Option(
+        None, "--rpc-tracker", help="HOST:PORT of a TVM RPC tracker: measure tuning trials on its devices."
+    ),
+    rpc_key: str | None = typer.Option(None, "--rpc-key", help="Device key on the RPC tracker."),
     seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
     json_out: bool = JsonOption,
 ) -> None:
@@ -117,6 +131,16 @@ def optimize_command(
         time_budget_s=parse_duration(time_budget) if time_budget else None,
         stop_at_target=stop_at_target,
         enable=[*enable, *(["tvm-tune"] if tvm else [])],
+        tvm_options={
+            key: value
+            for key, value in (
+                ("target", tvm_target),
+                ("trials", tvm_trials),
+                ("rpc_tracker", rpc_tracker),
+                ("rpc_key", rpc_key),
+            )
+            if value is not None
+        },
         disable=list(disable),
         seed=seed,
     )

@@ -57,6 +57,8 @@ class StageContext:
     # back-off) uses it instead of keeping its own notion of accuracy.
     check_accuracy: Callable[[Candidate], AccuracyResult]
     log: Callable[[str], None]
+    # A live one-line status for long work (tuning progress); replaces the previous line.
+    status: Callable[[str], None] | None = None
 
 
 class StageSkipped(Exception):
