@@ -22,8 +22,10 @@ demo: install
 	$(BIN)/lto inspect sample_models/resnet_tiny.onnx --shape batch=1
 	$(BIN)/lto optimize sample_models/resnet_tiny.onnx --target-ms 1.0 -o reports/demo-resnet_tiny ; \
 	  rc=$$?; if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi
-	$(BIN)/lto bench --artifact reports/demo-resnet_tiny --time 3 -o reports/demo-artifact-bench.json
-	$(BIN)/lto report reports/demo-resnet_tiny/report.json | head -40
+	$(BIN)/lto bench --artifact reports/demo-resnet_tiny --compare sample_models/resnet_tiny.onnx \
+	  --time 5 -o reports/demo-artifact-vs-original.json
+	$(BIN)/lto report reports/demo-resnet_tiny/report.json -o reports/demo-resnet_tiny.md
+	@echo "artifact: reports/demo-resnet_tiny/  report: reports/demo-resnet_tiny.md"
 
 test: install
 	$(BIN)/python -m pytest -q

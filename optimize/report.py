@@ -190,4 +190,3 @@ def _verdict_words(lo: float, hi: float, a: str, b: str) -> str:
     if lo > 1.0:
         return f"{b} is slower than {a} with 95% confidence."
     return "no difference can be claimed at 95% confidence."
-

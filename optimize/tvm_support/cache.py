@@ -17,7 +17,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -33,12 +32,9 @@ LOCK_FILE = ".lock"
 
 def default_cache_dir() -> Path:
     """$LTO_CACHE_DIR/tvm, else ~/.cache/lto/tvm (XDG_CACHE_HOME respected)."""
-    env = os.environ.get("LTO_CACHE_DIR")
-    if env:
-        return Path(env).expanduser() / "tvm"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "lto" / "tvm"
+    from optimize.paths import cache_root
+
+    return cache_root().expanduser() / "tvm"
 
 
 def cache_key(
