@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optimize.errors import UsageError
+from optimize.stages.tvm_tune import OPTION_TYPES as TVM_TUNE_OPTIONS
 
 if TYPE_CHECKING:
     import onnx
@@ -87,21 +88,8 @@ STAGE_OPTIONS: dict[str, dict[str, Any]] = {
         "fp16": bool,
         "fused_variant": bool,
     },
-    "tvm-tune": {
-        "trials": int,
-        "time_budget_s": float,
-        "target": str,
-        "rpc_tracker": str,
-        "rpc_key": str,
-        "cache_dir": str,
-        "retune": bool,
-        "trials_per_iter": int,
-        "population_size": int,
-        "max_chunk_tasks": int,
-        "build_timeout_s": float,
-        "run_timeout_s": float,
-        "num_threads": int,
-    },
+    # The stage declares its own options (it validates them again when it runs).
+    "tvm-tune": dict(TVM_TUNE_OPTIONS),
     "tensorrt-build": {
         "runtime": str,
         "precisions": list,

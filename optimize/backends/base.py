@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from optimize.errors import InputError
+from optimize.errors import InputError, UsageError
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,15 @@ class Backend(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def config_with_defaults(self, defaults: Mapping[str, Any]) -> dict[str, Any]:
+        """The runtime configuration over `defaults`; an unknown key is a usage error naming it."""
+        unknown = sorted(set(self.config) - set(defaults))
+        if unknown:
+            raise UsageError(
+                f"unknown {self.kind} setting {unknown[0]!r}", f"known settings: {', '.join(defaults)}"
+            )
+        return {**defaults, **self.config}
 
     def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> None:
         """Raise InputError naming the first input that does not fit the model."""

@@ -161,12 +161,7 @@ class TensorrtBackend(Backend):
 
     def __init__(self, model_path: str | Path, config: Mapping[str, Any] | None = None) -> None:
         super().__init__(model_path, config)
-        unknown = sorted(set(self.config) - set(DEFAULT_CONFIG))
-        if unknown:
-            raise UsageError(
-                f"unknown tensorrt setting {unknown[0]!r}", f"known settings: {', '.join(DEFAULT_CONFIG)}"
-            )
-        self.config = {**DEFAULT_CONFIG, **self.config}
+        self.config = self.config_with_defaults(DEFAULT_CONFIG)
         self._closed = True
         from optimize import gpu
         from optimize.tensorrt_support import check_manifest, import_runtime, make_logger

@@ -52,12 +52,7 @@ class TvmBackend(Backend):
         super().__init__(model_path, config)
         from optimize.tvm_support.sidecar import read_sidecar, specs
 
-        unknown = sorted(set(self.config) - set(DEFAULT_CONFIG))
-        if unknown:
-            raise UsageError(
-                f"unknown tvm setting {unknown[0]!r}", f"known settings: {', '.join(DEFAULT_CONFIG)}"
-            )
-        cfg = {**DEFAULT_CONFIG, **self.config}
+        cfg = self.config_with_defaults(DEFAULT_CONFIG)
         if cfg["process"] not in PROCESS_MODES:
             raise UsageError(
                 f"tvm setting process={cfg['process']!r}", f"choose one of: {', '.join(PROCESS_MODES)}"
