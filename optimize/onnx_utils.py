@@ -219,18 +219,6 @@ def ensure_node_names(model: onnx.ModelProto) -> int:
 # The CPU this runs on
 
 
-def cpu_isa_flags() -> set[str]:
-    from optimize.env import cpu_isa_flags as flags
-
-    return flags()
-
-
-def physical_cores() -> int:
-    from optimize.env import physical_cores as cores
-
-    return cores()
-
-
 def has_vnni(flags: set[str]) -> bool:
     """int8 dot-product instructions: without them u8*s8 products can saturate in 16 bits (x86)."""
     return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})

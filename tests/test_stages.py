@@ -13,14 +13,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from optimize.backends.onnxruntime import OrtBackend
+from optimize.env import cpu_isa_flags, physical_cores
 from optimize.errors import InputError
 from optimize.inputs import resolve_inputs
 from optimize.onnx_utils import (
     NCHWC_DOMAIN,
-    cpu_isa_flags,
     nchwc_block_width,
     op_counts,
-    physical_cores,
     read_model,
     strip_unused_opsets,
     used_domains,

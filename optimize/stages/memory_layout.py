@@ -47,14 +47,13 @@ class MemoryLayoutStage(Stage):
         return None
 
     def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
+        from optimize.env import cpu_isa_flags, physical_cores
         from optimize.onnx_utils import (
             NCHWC_DOMAIN,
-            cpu_isa_flags,
             nchwc_block_width,
             nchwc_isa_requires,
             op_counts,
             ort_save_optimized,
-            physical_cores,
             read_model,
         )
 

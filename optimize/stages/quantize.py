@@ -201,7 +201,8 @@ class QuantizeStage(Stage):
         return None
 
     def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
-        from optimize.onnx_utils import cpu_isa_flags, has_vnni, read_model
+        from optimize.env import cpu_isa_flags
+        from optimize.onnx_utils import has_vnni, read_model
 
         opts = ctx.options
         flags = cpu_isa_flags()
