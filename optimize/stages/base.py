@@ -61,6 +61,13 @@ class StageContext:
     status: Callable[[str], None] | None = None
 
 
+def not_onnx_on_ort(candidate: Candidate) -> str | None:
+    """The skip reason of the ONNX Runtime stages for a candidate they cannot work on (None: they can)."""
+    if candidate.backend != "onnxruntime" or candidate.model_path.suffix != ".onnx":
+        return f"needs an ONNX model on onnxruntime, got {candidate.backend}"
+    return None
+
+
 class StageSkipped(Exception):
     """Raised by a stage that finds, once running, that it cannot handle this model."""
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from optimize.stages.base import Candidate, Stage, StageContext, StageSkipped
+from optimize.stages.base import Candidate, Stage, StageContext, StageSkipped, not_onnx_on_ort
 
 if TYPE_CHECKING:
     import numpy as np
@@ -225,8 +225,8 @@ class GraphFusionStage(Stage):
     )
 
     def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
-        if candidate.backend != "onnxruntime" or candidate.model_path.suffix != ".onnx":
-            return f"needs an ONNX model on onnxruntime, got {candidate.backend}"
+        if reason := not_onnx_on_ort(candidate):
+            return reason
         from optimize.onnx_utils import op_counts, read_model
 
         model = read_model(candidate.model_path, load_external_data=False)

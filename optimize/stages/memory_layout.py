@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from optimize.stages.base import Candidate, Stage, StageContext, StageSkipped
+from optimize.stages.base import Candidate, Stage, StageContext, StageSkipped, not_onnx_on_ort
 
 _CONV_OPS = frozenset(
     {
@@ -42,8 +42,8 @@ class MemoryLayoutStage(Stage):
     )
 
     def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
-        if candidate.backend != "onnxruntime" or candidate.model_path.suffix != ".onnx":
-            return f"needs an ONNX model on onnxruntime, got {candidate.backend}"
+        if reason := not_onnx_on_ort(candidate):
+            return reason
         return None
 
     def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:

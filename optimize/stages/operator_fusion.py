@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from optimize.errors import UsageError
-from optimize.stages.base import Candidate, Stage, StageContext, StageSkipped
+from optimize.stages.base import Candidate, Stage, StageContext, StageSkipped, not_onnx_on_ort
 
 SKIP_LN_FUSION = "SkipLayerNormFusion"
 # Every candidate costs a benchmark; keep the list short.
@@ -36,8 +36,8 @@ class OperatorFusionStage(Stage):
     description: ClassVar[str] = "onnxruntime's EXTENDED graph optimizations, saved offline (portable)"
 
     def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
-        if candidate.backend != "onnxruntime" or candidate.model_path.suffix != ".onnx":
-            return f"needs an ONNX model on onnxruntime, got {candidate.backend}"
+        if reason := not_onnx_on_ort(candidate):
+            return reason
         return None
 
     def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from optimize.errors import InputError, LtoError
-from optimize.stages.base import AccuracyResult, Candidate, Stage, StageContext, StageSkipped
+from optimize.stages.base import AccuracyResult, Candidate, Stage, StageContext, StageSkipped, not_onnx_on_ort
 from optimize.stages.quant_sensitivity import CONV_WEIGHT_OPS, backoff_sizes, rank_sensitive_nodes
 
 if TYPE_CHECKING:
@@ -186,8 +186,8 @@ class QuantizeStage(Stage):
     def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
         from optimize.onnx_utils import QUANT_OPS, op_counts, read_model
 
-        if candidate.backend != "onnxruntime" or candidate.model_path.suffix != ".onnx":
-            return f"needs an ONNX model on onnxruntime, got {candidate.backend}"
+        if reason := not_onnx_on_ort(candidate):
+            return reason
         if candidate.precision != "fp32":
             return f"the model is already {candidate.precision}"
         ops = {
