@@ -61,13 +61,6 @@ class StageContext:
     status: Callable[[str], None] | None = None
 
 
-def not_onnx_on_ort(candidate: Candidate) -> str | None:
-    """The skip reason of the ONNX Runtime stages for a candidate they cannot work on (None: they can)."""
-    if candidate.backend != "onnxruntime" or candidate.model_path.suffix != ".onnx":
-        return f"needs an ONNX model on onnxruntime, got {candidate.backend}"
-    return None
-
-
 class StageSkipped(Exception):
     """Raised by a stage that finds, once running, that it cannot handle this model."""
 
@@ -83,3 +76,12 @@ class Stage(ABC):
     @abstractmethod
     def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
         """Produce candidates derived from `candidate`, written under ctx.workdir."""
+
+
+class OnnxRuntimeStage(Stage):
+    """A stage that rewrites ONNX files for ONNX Runtime: it cannot work on a TVM or TensorRT candidate."""
+
+    def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
+        if candidate.backend != "onnxruntime" or candidate.model_path.suffix != ".onnx":
+            return f"needs an ONNX model on onnxruntime, got {candidate.backend}"
+        return None

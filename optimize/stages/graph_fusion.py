@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from optimize.stages.base import Candidate, Stage, StageContext, StageSkipped, not_onnx_on_ort
+from optimize.stages.base import Candidate, OnnxRuntimeStage, StageContext, StageSkipped
 
 if TYPE_CHECKING:
     import numpy as np
@@ -218,14 +218,14 @@ def fuse_transformer(src: Path, dst: Path, options: dict[str, Any]) -> tuple[dic
     return details, extra
 
 
-class GraphFusionStage(Stage):
+class GraphFusionStage(OnnxRuntimeStage):
     name: ClassVar[str] = "graph-fusion"
     description: ClassVar[str] = (
         "transformer fusions (Attention, SkipLayerNorm, Gelu) from onnxruntime.transformers"
     )
 
     def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
-        if reason := not_onnx_on_ort(candidate):
+        if reason := super().skip_reason(candidate, ctx):
             return reason
         from optimize.onnx_utils import op_counts, read_model
 

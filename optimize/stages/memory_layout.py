@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from optimize.stages.base import Candidate, Stage, StageContext, StageSkipped, not_onnx_on_ort
+from optimize.stages.base import Candidate, OnnxRuntimeStage, StageContext, StageSkipped
 
 _CONV_OPS = frozenset(
     {
@@ -35,16 +35,11 @@ _CONV_OPS = frozenset(
 _LAYOUT_LEVELS = ("layout", "all")
 
 
-class MemoryLayoutStage(Stage):
+class MemoryLayoutStage(OnnxRuntimeStage):
     name: ClassVar[str] = "memory-layout"
     description: ClassVar[str] = (
         "NCHWc/NHWC layout for conv nets and latency session settings (threads, spinning)"
     )
-
-    def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
-        if reason := not_onnx_on_ort(candidate):
-            return reason
-        return None
 
     def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
         from optimize.env import cpu_isa_flags, physical_cores

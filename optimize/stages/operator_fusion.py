@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from optimize.errors import UsageError
-from optimize.stages.base import Candidate, Stage, StageContext, StageSkipped, not_onnx_on_ort
+from optimize.stages.base import Candidate, OnnxRuntimeStage, StageContext, StageSkipped
 
 SKIP_LN_FUSION = "SkipLayerNormFusion"
 # Every candidate costs a benchmark; keep the list short.
@@ -31,14 +31,9 @@ def _added_ops(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     return {op: n - before.get(op, 0) for op, n in sorted(after.items()) if n > before.get(op, 0)}
 
 
-class OperatorFusionStage(Stage):
+class OperatorFusionStage(OnnxRuntimeStage):
     name: ClassVar[str] = "operator-fusion"
     description: ClassVar[str] = "onnxruntime's EXTENDED graph optimizations, saved offline (portable)"
-
-    def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
-        if reason := not_onnx_on_ort(candidate):
-            return reason
-        return None
 
     def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
         import onnxruntime as ort

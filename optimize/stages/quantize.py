@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from optimize.errors import InputError, LtoError
-from optimize.stages.base import AccuracyResult, Candidate, Stage, StageContext, StageSkipped, not_onnx_on_ort
+from optimize.stages.base import AccuracyResult, Candidate, OnnxRuntimeStage, StageContext, StageSkipped
 from optimize.stages.quant_sensitivity import CONV_WEIGHT_OPS, backoff_sizes, rank_sensitive_nodes
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ class _Reader:
 # The stage
 
 
-class QuantizeStage(Stage):
+class QuantizeStage(OnnxRuntimeStage):
     name: ClassVar[str] = "quantize"
     description: ClassVar[str] = (
         "int8: dynamic for MatMul-heavy models, static QDQ with calibration for conv nets"
@@ -186,7 +186,7 @@ class QuantizeStage(Stage):
     def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
         from optimize.onnx_utils import QUANT_OPS, op_counts, read_model
 
-        if reason := not_onnx_on_ort(candidate):
+        if reason := super().skip_reason(candidate, ctx):
             return reason
         if candidate.precision != "fp32":
             return f"the model is already {candidate.precision}"
