@@ -1,3 +1,5 @@
 from optimize.cli import main
 
-main()
+# Guarded: multiprocessing's spawn start method imports the main module in its children.
+if __name__ == "__main__":
+    main()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from optimize.errors import ModelError
-from optimize.fsio import atomic_directory, sha256_file, write_json_atomic, write_text_atomic
+from optimize.fsio import atomic_directory, sha256_file, write_json_atomic, write_markdown_atomic
 from optimize.onnx_utils import NCHWC_DOMAIN, QUANT_OPS, has_vnni, iter_nodes, nchwc_block_width
 from optimize.stages.base import Candidate
 
@@ -182,19 +182,24 @@ def write_artifact(
     report_md: str,
     extra: Mapping[str, Any] | None = None,
     report_writer: Any = None,
+    force: bool = False,
 ) -> Path:
-    """Write the artifact directory atomically. `report_writer(path, report)` validates + writes."""
+    """Write the artifact directory atomically. `report_writer(path, report)` validates + writes.
+
+    `out_dir` is replaced only under fsio.check_output_dir's rule (`force`: also a folder that
+    looks like a damaged artifact).
+    """
     from optimize import __version__
     from optimize.env import cpu_isa_flags, environment
 
     env = environment()
-    with atomic_directory(out_dir) as staging:
+    with atomic_directory(out_dir, force=force) as staging:
         model_name, side_files = _copy_model_files(candidate, staging)
         if report_writer is not None:
             report_writer(staging / "report.json", dict(report))
         else:
             write_json_atomic(staging / "report.json", report)
-        write_text_atomic(staging / "report.md", report_md)
+        write_markdown_atomic(staging / "report.md", report_md)
         manifest: dict[str, Any] = {
             "manifest_version": MANIFEST_VERSION,
             "lto_version": __version__,
@@ -219,19 +224,7 @@ def write_artifact(
             "files": _file_table(staging),
         }
         write_json_atomic(staging / MANIFEST, manifest)
-        _make_readable(staging)
     return out_dir
-
-
-def _make_readable(root: Path) -> None:
-    """Temp files are created private (0600/0700); an artifact is meant to be shared and served."""
-    import os
-
-    umask = os.umask(0)
-    os.umask(umask)
-    root.chmod(0o777 & ~umask)
-    for path in root.rglob("*"):
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 @dataclass
@@ -259,9 +252,14 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ModelError(f"artifact {directory.name}: {MANIFEST} is unreadable: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise ModelError(
+            f"artifact {directory.name}: {MANIFEST} must hold a JSON object, not {_json_type(manifest)}"
+        )
     for key in ("backend", "model_file", "runtime_config", "input_spec", "files", "requires"):
         if key not in manifest:
             raise ModelError(f"artifact {directory.name}: {MANIFEST} lacks {key!r}")
+    _check_manifest_types(directory.name, manifest)
     if manifest.get("manifest_version", 0) > MANIFEST_VERSION:
         raise ModelError(
             f"artifact {directory.name} was written by a newer lto "
@@ -269,6 +267,105 @@ def read_manifest(directory: Path) -> dict[str, Any]:
             "upgrade lto",
         )
     return manifest
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {str: "a string", list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+# What each manifest field must be (JSON types), checked before anything reads it: a hand-edited
+# or damaged manifest is refused naming the field, never an internal error further on.
+_MANIFEST_FIELDS: dict[str, tuple[type, ...]] = {
+    "backend": (str,),
+    "model_file": (str,),
+    "runtime_config": (dict,),
+    "input_spec": (dict,),
+    "files": (dict,),
+    "requires": (dict,),
+    "manifest_version": (int,),
+    "fingerprint": (str, type(None)),
+}
+_INPUT_FIELDS: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "dtype": (str,),
+    "shape": (list,),
+    "source": (str,),
+    "generator": (str,),
+    "low": (int,),
+    "high": (int,),
+    "note": (str,),
+}
+
+
+def _check_manifest_types(name: str, manifest: Mapping[str, Any]) -> None:
+    def bad(field: str, want: str, value: Any, show: bool = False) -> ModelError:
+        import json
+
+        got = json.dumps(value, default=str)[:80] if show else _json_type(value)
+        return ModelError(
+            f"artifact {name}: {MANIFEST} field {field!r} must be {want}, not {got}",
+            "re-run lto optimize; never edit an artifact in place",
+        )
+
+    def is_a(value: Any, types: tuple[type, ...]) -> bool:
+        return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+
+    names = {str: "a string", dict: "an object", list: "an array", int: "a whole number"}
+    for key, types in _MANIFEST_FIELDS.items():
+        if key in manifest and not is_a(manifest[key], types):
+            raise bad(key, " or ".join(names.get(t, "null") for t in types), manifest[key])
+    for rel, info in manifest["files"].items():
+        if not isinstance(info, dict) or not isinstance(info.get("sha256"), str):
+            raise bad(f"files.{rel}", 'an object with a "sha256" string', info, show=True)
+    spec = manifest["input_spec"]
+    for key, types in (
+        ("seed", (int,)),
+        ("data_file", (str, type(None))),
+        ("data_sha256", (str, type(None))),
+    ):
+        if key in spec and not is_a(spec[key], types):
+            raise bad(f"input_spec.{key}", " or ".join(names.get(t, "null") for t in types), spec[key])
+    inputs = spec.get("inputs")
+    if not isinstance(inputs, list):
+        raise bad("input_spec.inputs", "an array", inputs)
+    for i, tensor in enumerate(inputs):
+        where = f"input_spec.inputs[{i}]"
+        if not isinstance(tensor, dict):
+            raise bad(where, "an object", tensor)
+        for key in tensor:
+            if key not in _INPUT_FIELDS:
+                raise ModelError(f"artifact {name}: {MANIFEST} field '{where}.{key}' is not known")
+        for key, types in _INPUT_FIELDS.items():
+            if key in ("name", "dtype", "shape") and key not in tensor:
+                raise ModelError(f"artifact {name}: {MANIFEST} lacks '{where}.{key}'")
+            if key in tensor and not is_a(tensor[key], types):
+                raise bad(f"{where}.{key}", names[types[0]], tensor[key])
+        if not all(is_a(d, (int,)) and d >= 0 for d in tensor["shape"]):
+            raise bad(f"{where}.shape", "an array of whole numbers", tensor["shape"], show=True)
+    cpu_isa = manifest["requires"].get("cpu_isa", [])
+    if not isinstance(cpu_isa, list) or not all(
+        isinstance(e, dict)
+        and isinstance(e.get("any_of", []), list)
+        and all(isinstance(f, str) for f in e.get("any_of", []))
+        for e in cpu_isa
+    ):
+        raise bad("requires.cpu_isa", 'an array of {"any_of": [strings]}', cpu_isa, show=True)
+    if not is_a(manifest["requires"].get("arch"), (str, type(None))):
+        raise bad("requires.arch", "a string", manifest["requires"]["arch"])
+    # Thread counts: the same bound as --threads, so a manifest cannot start 100000 threads.
+    from optimize.backends.base import check_thread_settings
+    from optimize.errors import UsageError
+
+    try:
+        check_thread_settings(str(manifest["backend"]), manifest["runtime_config"])
+    except UsageError as exc:
+        raise ModelError(f"artifact {name}: {MANIFEST} runtime_config: {exc.message}", exc.hint) from None
 
 
 def load_artifact(directory: str | Path, cpu_flags: Iterable[str] | None = None) -> LoadedArtifact:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 # ISA flags that decide which kernels a runtime picks (and which compiled code can run).
@@ -65,6 +66,90 @@ def physical_cores() -> int:
     except (KeyError, ValueError):
         pass
     return max(1, available)
+
+
+def max_threads() -> int:
+    """Most threads a thread option may ask for: 4x the logical cores.
+
+    More only adds contention; and a typo such as 100000 would start that many threads and
+    reserve a stack for each (gigabytes) before the first run.
+    """
+    return 4 * (os.cpu_count() or 1)
+
+
+def check_thread_count(value: Any, what: str, *, minimum: int = 0) -> int:
+    """`value` if it is a sane thread count, else a UsageError naming `what` and the bound.
+
+    The one bound for every thread option (flags, recipes, runtime configurations). With
+    `minimum` 0, 0 means the runtime's default.
+    """
+    from optimize.errors import UsageError
+
+    bound, cores = max_threads(), os.cpu_count() or 1
+    default = "0 lets the runtime choose; " if minimum == 0 else f"at least {minimum}, "
+    hint = f"{default}at most {bound}, 4x the {cores} logical cores here"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{what} must be a whole number, got {value!r}", hint)
+    if value < minimum:
+        wrong = "must not be negative" if minimum == 0 else f"must be at least {minimum}"
+        raise UsageError(f"{what} {wrong}, got {value}", hint)
+    if value > bound:
+        raise UsageError(
+            f"{what} {value} is more than {bound} threads, 4x the {cores} logical cores here",
+            "0 lets the runtime choose" if minimum == 0 else None,
+        )
+    return value
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: MemAvailable, capped by a cgroup v2 memory limit
+    and an address-space limit.
+
+    None where nothing says (then callers skip memory checks rather than guess low).
+    """
+    available: int | None = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if available is None:
+        try:
+            import psutil
+
+            available = int(psutil.virtual_memory().available)
+        except Exception:  # psutil missing or unsupported here
+            available = None
+    if available is None:
+        # Generous on purpose: all of physical memory, as if nothing else used any.
+        try:
+            available = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, OSError, ValueError):
+            available = None
+    # In a container MemAvailable is the host's; the cgroup's limit is what ends in an OOM kill.
+    cgroup = Path("/sys/fs/cgroup")
+    try:
+        limit = (cgroup / "memory.max").read_text(encoding="ascii").strip()
+        if limit != "max":
+            used = int((cgroup / "memory.current").read_text(encoding="ascii").strip())
+            room = max(0, int(limit) - used)
+            available = room if available is None else min(available, room)
+    except (OSError, ValueError):
+        pass
+    # An address-space limit (ulimit -v) fails allocations past it whatever the machine has free.
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        try:
+            status = Path("/proc/self/status").read_text(encoding="ascii")
+            mapped = next(int(ln.split()[1]) * 1024 for ln in status.splitlines() if ln.startswith("VmSize:"))
+        except (OSError, ValueError, StopIteration):
+            mapped = 0
+        room = max(0, soft - mapped)
+        available = room if available is None else min(available, room)
+    return available
 
 
 def _package_versions() -> dict[str, str]:

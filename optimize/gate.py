@@ -501,8 +501,10 @@ def baseline_path(baseline_dir: Path, fingerprint: str, name: str) -> Path:
 
 
 def store_baseline(path: Path, report: Mapping[str, Any]) -> Path:
+    from optimize.fsio import check_output_file
     from optimize.report import write_report
 
+    check_output_file(path, flag="--baseline-dir")
     write_report(path, dict(report))  # validates, then writes atomically
     return path
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -227,7 +228,121 @@ def generate_feeds(spec: InputSpec, seed: int) -> dict[str, np.ndarray]:
     return {t.name: _generate(t, rng) for t in spec.tensors}
 
 
-def _load_npz(path: Path, specs: list[TensorSpec]) -> dict[str, np.ndarray]:
+def _gib(n: float) -> str:
+    gib = n / 2**30
+    return f"{gib:,.1f} GiB" if gib >= 1 else f"{gib:.2g} GiB"
+
+
+def check_memory(
+    tensors: list[tuple[str, str, tuple[int, ...]]], model_path: str | Path | None = None
+) -> None:
+    """Refuse inputs (name, dtype, shape) that cannot fit in memory, before any is allocated.
+
+    With an ONNX `model_path`, the largest intermediate tensor at these shapes counts too (an
+    estimate from shape inference, skipped when inference fails). A run that dies of
+    MemoryError, or gets the machine swapping, after minutes of work helps nobody.
+    """
+    from optimize.env import available_memory
+
+    available = available_memory()
+    if available is None or not tensors:
+        return
+    sizes = {name: math.prod(shape) * np.dtype(dtype).itemsize for name, dtype, shape in tensors}
+    total = sum(sizes.values())
+    hint = "pin smaller shapes with --shape, or a smaller --batch"
+    if total > available:
+        name, dtype, shape = max(tensors, key=lambda t: sizes[t[0]])
+        where = f"input {name!r} at {'x'.join(map(str, shape))} {dtype} needs {_gib(sizes[name])}"
+        if len(tensors) > 1:
+            where = f"the inputs need {_gib(total)} ({where})"
+        raise InputError(f"{where}, more than the {_gib(available)} of memory available", hint)
+    if model_path is None or Path(model_path).suffix != ".onnx":
+        return
+    from optimize.inspect import largest_activation
+
+    largest = largest_activation(model_path, {name: shape for name, _, shape in tensors})
+    if largest is not None and total + largest[2] > available:
+        name, shape_text, size = largest
+        raise InputError(
+            f"at these shapes the model's tensor {name!r} ({shape_text}) needs {_gib(size)}: with "
+            f"the inputs' {_gib(total)} that is more than the {_gib(available)} of memory available",
+            hint,
+        )
+
+
+def _npz_headers(path: Path) -> dict[str, tuple[str, tuple[int, ...]]] | None:
+    """dtype and shape of each array in an .npz, read from its headers without loading any data.
+
+    None when the file is not a plain .npz this can read (np.load then says what is wrong).
+    """
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    headers: dict[str, tuple[str, tuple[int, ...]]] = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with archive.open(info) as fh:
+                    version = npy.read_magic(fh)
+                    if version == (1, 0):
+                        shape, _, dtype = npy.read_array_header_1_0(fh)
+                    elif version == (2, 0):
+                        shape, _, dtype = npy.read_array_header_2_0(fh)
+                    else:
+                        return None
+                headers[info.filename.removesuffix(".npy")] = (np.dtype(dtype).name, tuple(shape))
+    except Exception:  # a corrupt or unusual file: left to np.load to report
+        return None
+    return headers
+
+
+def check_data_arrays(arrays: dict[str, np.ndarray], flag: str) -> list[str]:
+    """Refuse an array with no rows; warn (returned) about NaN or inf values, naming the input.
+
+    Zero rows would make every timing and accuracy figure an average over nothing; NaN/inf
+    inputs run (some models take them) but make accuracy comparisons meaningless.
+    """
+    warnings: list[str] = []
+    for name, array in arrays.items():
+        if array.ndim >= 1 and array.shape[0] == 0:
+            raise InputError(
+                f"{flag} array {name!r} has 0 rows on its batch axis (shape {list(array.shape)})",
+                "give at least one row per input",
+            )
+        if array.dtype.kind in "fc" and array.size:
+            nan = int(np.count_nonzero(np.isnan(array)))
+            inf = int(np.count_nonzero(np.isinf(array)))
+            if nan or inf:
+                found = " and ".join(f"{n:,} {what}" for n, what in ((nan, "NaN"), (inf, "inf")) if n)
+                warnings.append(
+                    f"{flag} array {name!r} holds {found} of {array.size:,} values: "
+                    "outputs and accuracy figures on it may be meaningless"
+                )
+    return warnings
+
+
+def check_data_file(path: str | Path, flag: str) -> list[str]:
+    """check_data_arrays on an .npz file (e.g. --calib-data), before any stage reads it."""
+    source = Path(path)
+    warnings: list[str] = []
+    try:
+        with np.load(source, allow_pickle=False) as npz:
+            for name in npz.files:  # one array in memory at a time
+                warnings += check_data_arrays({name: npz[name]}, flag)
+        return warnings
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(
+            f"cannot read {flag} {source} as .npz: {exc}", "save arrays with numpy.savez(path, name=array)"
+        ) from exc
+
+
+def _load_npz(path: Path, specs: list[TensorSpec]) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The arrays of an --input-data file, checked against the model's inputs, and warnings."""
     if not path.is_file():
         raise InputError(f"input data file not found: {path}", "pass an existing .npz file to --input-data")
     try:
@@ -237,6 +352,8 @@ def _load_npz(path: Path, specs: list[TensorSpec]) -> dict[str, np.ndarray]:
         raise InputError(
             f"cannot read {path} as .npz: {exc}", "save inputs with numpy.savez(path, name=array)"
         ) from exc
+    # First: an empty array would otherwise be reported as a size mismatch on axis 0.
+    warnings = check_data_arrays(data, "--input-data")
     expected = {s.name: s for s in specs}
     for name in data:
         if name not in expected:
@@ -260,7 +377,7 @@ def _load_npz(path: Path, specs: list[TensorSpec]) -> dict[str, np.ndarray]:
                 raise InputError(
                     f"--input-data array {name!r} has size {got} on axis {axis}, the model expects {want}"
                 )
-    return data
+    return data, warnings
 
 
 def resolve_inputs(
@@ -293,11 +410,21 @@ def resolve_inputs(
             )
     if input_data is not None:
         path = Path(input_data)
-        data = _load_npz(path, specs)
+        headers = _npz_headers(path) if path.is_file() else None
+        if headers is not None:
+            # Before loading: the arrays as they will be fed (batch-1 rows repeated to --batch).
+            planned = [
+                (name, dtype, (batch, *shape[1:]) if batch and shape and shape[0] == 1 else shape)
+                for name, (dtype, shape) in headers.items()
+                if name in {s.name for s in specs}
+            ]
+            check_memory(planned, onnx_path if is_onnx else None)
+        data, warnings = _load_npz(path, specs)
         if batch is not None:
             data = {k: _rebatch(k, v, batch) for k, v in data.items()}
         tensors = [InputTensor(s.name, s.dtype, tuple(data[s.name].shape), "file") for s in specs]
-        spec = InputSpec(tensors, seed=seed, data_file=str(path), data_sha256=sha256_file(path))
+        spec = InputSpec(tensors, seed=seed, data_file=str(path), data_sha256=sha256_file(path),
+                         warnings=warnings)  # fmt: skip
         return spec, {s.name: np.ascontiguousarray(data[s.name]) for s in specs}
 
     vocab = embedding_vocab_sizes(onnx_path) if is_onnx else {}
@@ -306,6 +433,7 @@ def resolve_inputs(
         generator, low, high, note = _describe_generator(s, vocab)
         tensors.append(InputTensor(s.name, s.dtype, _pin_shape(s, shapes, batch), "generated", generator,
                                    low, high, note))  # fmt: skip
+    check_memory([(t.name, t.dtype, t.shape) for t in tensors], onnx_path if is_onnx else None)
     spec = InputSpec(tensors, seed=seed)
     return spec, generate_feeds(spec, seed)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -218,6 +219,18 @@ def _pin_inputs(
 
 def _infer_shapes(model: onnx.ModelProto) -> tuple[dict[str, list[int | str | None]], str]:
     """Tensor name -> shape for every tensor inference reaches, and which engine produced it."""
+    inferred, engine = _inferred_model(model)
+    shapes = {}
+    for v in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape"):
+            shapes[v.name] = _value_shape(v)
+    for init in inferred.graph.initializer:
+        shapes[init.name] = [int(d) for d in init.dims]
+    return shapes, engine
+
+
+def _inferred_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """The model annotated by shape inference (symbolic, else onnx's), and the engine's name."""
     import onnx
 
     engine = "onnxruntime symbolic shape inference"
@@ -237,13 +250,7 @@ def _infer_shapes(model: onnx.ModelProto) -> tuple[dict[str, list[int | str | No
             inferred = model
     if inferred is None:  # the symbolic engine declines opsets below 7
         inferred = model
-    shapes = {}
-    for v in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-        if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape"):
-            shapes[v.name] = _value_shape(v)
-    for init in inferred.graph.initializer:
-        shapes[init.name] = [int(d) for d in init.dims]
-    return shapes, engine
+    return inferred, engine
 
 
 def _static(shape: list[int | str | None] | None) -> bool:
@@ -386,6 +393,82 @@ def _compute(
         unknown_shapes=dict(sorted(unknown_shape.items())),
     )
     return result
+
+
+# Initializers above this size are weights: shape inference needs only their shapes.
+_SMALL_TENSOR_BYTES = 64 * 1024
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy for shape inference that leaves the big weights behind: each becomes a graph input
+    of its shape, so the copy stays small whatever the model's size."""
+    import onnx
+
+    work = onnx.ModelProto()
+    for name in ("ir_version", "producer_name", "domain"):
+        setattr(work, name, getattr(model, name))
+    work.opset_import.extend(model.opset_import)
+    work.functions.extend(model.functions)
+    graph = model.graph
+    work.graph.name = graph.name
+    work.graph.node.extend(graph.node)
+    work.graph.input.extend(graph.input)
+    work.graph.output.extend(graph.output)
+    work.graph.value_info.extend(graph.value_info)
+    declared = {v.name for v in graph.input}
+    for init in graph.initializer:
+        if math.prod(init.dims) * _elem_bytes(init.data_type) <= _SMALL_TENSOR_BYTES:
+            work.graph.initializer.append(init)
+        elif init.name not in declared:
+            work.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
+    return work
+
+
+def largest_activation(
+    model_path: str | os.PathLike[str], input_shapes: dict[str, tuple[int, ...]]
+) -> tuple[str, str, int] | None:
+    """The biggest intermediate tensor at these input shapes: (name, shape as text, bytes).
+
+    From the shape inference `lto inspect` uses, on the graph without its weights. A dim that
+    inference leaves unknown counts as 1, so the size is a lower bound. None when inference
+    cannot tell: an estimate for a memory check, never a reason to fail.
+    """
+    try:
+        stat = os.stat(model_path)
+    except OSError:
+        return None
+    # Cached: a batch sweep and the optimize pipeline ask again for the same file and shapes.
+    key = tuple(sorted((name, tuple(shape)) for name, shape in input_shapes.items()))
+    return _largest_activation(str(model_path), stat.st_mtime_ns, stat.st_size, key)
+
+
+@lru_cache(maxsize=16)
+def _largest_activation(
+    model_path: str, _mtime_ns: int, _size: int, input_shapes: tuple[tuple[str, tuple[int, ...]], ...]
+) -> tuple[str, str, int] | None:
+    try:
+        path = Path(model_path)
+        model = load_model(path, load_external_data=False)
+        work = _without_weights(model)
+        del model
+        _pin_inputs(work, dict(input_shapes))
+        _load_small_external_tensors(work, path.parent)
+        inferred, _ = _inferred_model(work)
+        skip = {v.name for v in inferred.graph.input} | {i.name for i in inferred.graph.initializer}
+        best: tuple[str, str, int] | None = None
+        for value in [*inferred.graph.value_info, *inferred.graph.output]:
+            tensor_type = value.type.tensor_type
+            if value.name in skip or not tensor_type.elem_type or not tensor_type.HasField("shape"):
+                continue
+            shape = _value_shape(value)
+            known = [d if isinstance(d, int) and d >= 0 else 1 for d in shape]
+            size = math.ceil(math.prod(known) * _elem_bytes(tensor_type.elem_type))
+            if best is None or size > best[2]:
+                text = "x".join(str(d) if isinstance(d, int) and d >= 0 else "?" for d in shape)
+                best = (value.name, text, size)
+        return best
+    except Exception:  # third-party inference can raise anything on graphs it does not know
+        return None
 
 
 def _op_histogram(model: onnx.ModelProto) -> list[dict[str, Any]]:

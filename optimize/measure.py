@@ -13,7 +13,7 @@ import numpy as np
 from optimize.backends import Backend, open_backend
 from optimize.bench import BenchSettings, Comparison, Measurement, compare, measure
 from optimize.errors import InputError, UsageError
-from optimize.inputs import InputSpec, feeds_from_spec, resolve_inputs
+from optimize.inputs import InputSpec, check_memory, feeds_from_spec, resolve_inputs
 from optimize.report import new_report
 from optimize.targets import Target, resolve_target
 
@@ -36,8 +36,12 @@ class BenchRequest:
 def parse_batches(text: str | None) -> list[int]:
     if not text:
         return []
+    parts = text.split(",")
+    if any(not part.strip() for part in parts):
+        # "1,,8" is a typo, not a request for two sizes: say so rather than guess.
+        raise UsageError(f"bad --batch {text!r}: empty size between commas", "e.g. --batch 1,8,32")
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        values = [int(part) for part in parts]
     except ValueError:
         raise UsageError(
             f"bad --batch {text!r}", "give sizes separated by commas, e.g. --batch 1,8,32"
@@ -64,6 +68,8 @@ def target_inputs(
     if target.stored_input_spec is not None and not explicit:
         spec = InputSpec.from_json(target.stored_input_spec)
         if batch is None or batch == spec.batch_size:
+            # A manifest's shapes are data too: an edited one must not allocate past memory.
+            check_memory([(t.name, t.dtype, t.shape) for t in spec.tensors], target.model_path)
             return spec, feeds_from_spec(spec)
         # A batch sweep on an artifact: keep the stored shapes but the requested batch.
         shapes = {t.name: (batch, *t.shape[1:]) for t in spec.tensors}
@@ -88,11 +94,13 @@ def run_bench(request: BenchRequest, progress: Progress | None = None) -> dict[s
     measurements: list[Measurement] = []
     spec_json: dict[str, Any] | None = None
     describe: dict[str, Any] = {}
+    warnings: list[str] = []
     with opened(target, overrides) as backend:
         describe = backend.describe()
         for batch in request.batches or [None]:
             spec, feeds = target_inputs(target, backend, request, batch)
             spec_json = spec_json or spec.to_json()
+            warnings += [w for w in spec.warnings if w not in warnings]
             label = f"{target.label}@b{spec.batch_size}"
             tick = (lambda n, t, lab=label: progress(lab, n, t)) if progress else None
             measurements.append(measure(backend, feeds, request.settings, label, spec.batch_size, tick))
@@ -103,6 +111,8 @@ def run_bench(request: BenchRequest, progress: Progress | None = None) -> dict[s
         settings={"bench": request.settings.to_json(), "runtime": describe, "artifact": _artifact(target)},
     )
     report["results"] = [m.to_json() for m in measurements]
+    if warnings:
+        report["warnings"] = warnings
     return report
 
 
@@ -140,6 +150,9 @@ def run_compare(request: BenchRequest, progress: Progress | None = None) -> dict
     )
     report["results"] = [result.a.to_json(), result.b.to_json()]
     report["comparison"] = result.to_json()
+    warnings = list(dict.fromkeys([*spec_a.warnings, *spec_b.warnings]))
+    if warnings:
+        report["warnings"] = warnings
     return report
 
 

@@ -41,8 +41,10 @@ import numpy as np
 from optimize.accuracy import accuracy_json, check
 from optimize.backends.base import Backend
 from optimize.errors import LtoError, UsageError
+from optimize.fsio import check_output_dir, check_output_file
 from optimize.recipes import Recipe, StageSpec
 from optimize.stages.base import AccuracyResult, Candidate, Stage, StageContext, StageSkipped
+from optimize.stages.isolation import run_in_child
 
 EXIT_TARGET_MET = 0
 EXIT_FAILURE = 1
@@ -74,6 +76,8 @@ class OptimizeRequest:
     # A dynamic leading dim nothing else pins runs at this batch (real-time latency: 1).
     batch: int | None = 1
     out_dir: Path | None = None
+    # Replace an out_dir that looks like a damaged artifact (fsio.check_output_dir).
+    force: bool = False
     time_budget_s: float | None = None
     stop_at_target: bool = False
     enable: list[str] = field(default_factory=list)
@@ -98,6 +102,11 @@ class OptimizeRequest:
             raise UsageError(f"--calib-data file not found: {self.calib_data}")
         if self.stop_at_target and self.target_ms is None:
             raise UsageError("--stop-at-target needs --target-ms")
+        if self.out_dir is not None:
+            # Before any work: a run that ends by refusing to write its artifact wastes the user's time.
+            inputs = [self.model_path, self.calib_data, self.input_data]
+            check_output_dir(self.out_dir, inputs=inputs, force=self.force)
+            check_output_file(partial_report_path(Path(self.out_dir)), flag="-o")
 
 
 def parse_duration(text: str) -> float:
@@ -273,6 +282,12 @@ def apply_overrides(recipe: Recipe, request: OptimizeRequest) -> list[str]:
             quant.run_when = "always"
         if request.calib_data is not None:
             quant.options["calib_data"] = str(Path(request.calib_data).absolute())
+    if request.calib_data is not None:
+        from optimize.inputs import check_data_file
+
+        # Checked before any stage runs (0 rows is an error; NaN/inf a warning in the report):
+        # the quantize stage reads the file only late in the run.
+        notes += check_data_file(request.calib_data, "--calib-data")
     return notes
 
 
@@ -569,7 +584,7 @@ class Pipeline:
             # Some libraries write side files into the current directory (onnxruntime.quantization
             # names external data "<uuid>.data" there): keep them in the stage's scratch space.
             with _working_directory(workdir):
-                candidates = stage.run(best, ctx)
+                candidates = run_in_child(stage, best, ctx) if stage.isolated else stage.run(best, ctx)
             for cand in candidates:  # a path relative to the stage's directory stays valid outside it
                 cand.model_path = workdir / cand.model_path
                 cand.extra_files = [workdir / Path(f) for f in cand.extra_files]
@@ -583,6 +598,7 @@ class Pipeline:
             # A stage bug or an unsupported model must not end the run: record it and go on.
             tb = traceback.extract_tb(exc.__traceback__)
             where = f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
+            where = getattr(exc, "where", None) or where  # an isolated stage says where it raised
             details = {"exception": type(exc).__name__, "where": where}
             return [], StageRecord(spec.name, spec.name, "failed", _first_line(exc), details=details)
         if not candidates:
@@ -859,19 +875,51 @@ class Pipeline:
                 "recipe": self.recipe.name,
             },
             report_writer=write_report,
+            force=self.request.force,
         )
         partial_report_path(self.out_dir).unlink(missing_ok=True)
         return PipelineResult(report, self.records, best, exit_code, self.out_dir, verdict)
 
+    def _best_so_far(self) -> dict[str, Any] | None:
+        """The best accurate candidate when the run stopped (the last kept one, else the
+        baseline), with its figures and how to get it without the rest of the run."""
+        kept = [r for r in self.records if r.status in ("kept", "baseline")]
+        if not kept:
+            return None
+        best = kept[-1]
+        p50 = (best.latency_ms or {}).get("p50")
+        figures = ", ".join(
+            x
+            for x in (
+                f"{best.speedup:.2f}x vs the baseline" if best.speedup else "",
+                f"p50 {p50:.3f} ms" if p50 is not None else "",
+                f"accuracy {accuracy_cell(best.accuracy)}" if best.status == "kept" else "",
+            )
+            if x
+        )
+        if best.status == "baseline":
+            summary = "no candidate had beaten the original model yet"
+        else:
+            summary = (
+                f"best accurate candidate so far: {best.label} ({figures}); to get it, rerun with "
+                f"--stop-at-target or a --time-budget that ends after {best.stage}"
+            )
+        return {**best.to_json(), "summary": summary}
+
     def _write_partial(self, exc: BaseException) -> None:
         """Ctrl-C or a crash: no artifact, but a report of what was done, beside where it would be."""
+        from optimize import interrupts
         from optimize.fsio import write_json_atomic
 
+        if isinstance(exc, UsageError) and not self.records:
+            return  # bad inputs found before the baseline ran: the one-line error says it all
         path = partial_report_path(self.out_dir)
-        reason = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else _first_line(exc)
+        reason = interrupts.describe(exc) if isinstance(exc, KeyboardInterrupt) else _first_line(exc)
+        best = self._best_so_far()
         section = {
             "partial": True,
             "stopped_by": reason,
+            "best_so_far": best,
             "recipe": self.recipe.to_json(),
             "stages": [r.to_json() for r in self.records],
             "warnings": self.warnings,
@@ -892,6 +940,8 @@ class Pipeline:
             report["optimize"] = _json_safe(section)
             write_report(path, report)
             self.progress.log(f"no artifact written; partial report: {path}")
+            if best is not None:
+                self.progress.log(best["summary"])
             return
         with contextlib.suppress(Exception):  # the schema or environment failed: keep the facts anyway
             write_json_atomic(path, {"kind": "optimize", "optimize": _json_safe(section)})
@@ -994,6 +1044,9 @@ def render_markdown_section(section: Mapping[str, Any]) -> str:
     if section.get("partial"):
         lines += [f"**Partial report: the run stopped early ({section.get('stopped_by', 'unknown')}).** "
                   "No artifact was written.", ""]  # fmt: skip
+        best = section.get("best_so_far")
+        if best:
+            lines += [f"- {best['summary']}", ""]
     recipe = section.get("recipe") or {}
     if recipe:
         kind = section.get("model_kind", "?")

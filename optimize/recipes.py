@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from optimize.env import check_thread_count
 from optimize.errors import UsageError
 from optimize.stages.tvm_tune import OPTION_TYPES as TVM_TUNE_OPTIONS
 
@@ -125,6 +126,8 @@ _BENCH_KEYS: dict[str, Any] = {
     "target_ci_rel": float,
 }
 _DECISION_KEYS: dict[str, Any] = {"min_improvement": float}
+# Stage options that are thread counts (memory-layout, tvm-tune): bounded like --threads.
+_THREAD_OPTIONS = ("threads", "num_threads")
 _TOP_KEYS = {"name", "description", "order", "stages", "accuracy", "bench", "decision"}
 
 
@@ -222,6 +225,12 @@ def load_recipe(name_or_path: str, known_stages: Sequence[str] | None = None) ->
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"recipe {path.name}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        # TOML is UTF-8 by definition; a latin-1 file saved by an editor must not be a crash.
+        raise UsageError(
+            f"recipe {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})",
+            "save the recipe as UTF-8",
+        ) from None
     except OSError as exc:
         raise UsageError(f"recipe {path}: cannot read: {exc.strerror}") from None
     return parse_recipe(data, source=str(path), known_stages=known_stages)
@@ -319,6 +328,8 @@ def parse_recipe(data: Mapping[str, Any], source: str, known_stages: Sequence[st
         for key, value in table.items():
             if isinstance(value, int) and not isinstance(value, bool):
                 _non_negative(where, f"stages.{stage_name}.{key}", value)
+            if key in _THREAD_OPTIONS:
+                check_thread_count(value, f"recipe {where}: stages.{stage_name}.{key}")
             allowed = _LIST_ITEMS.get((stage_name, key))
             if allowed is not None:
                 for j, item in enumerate(value):

@@ -178,6 +178,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"(95% CI {lo:.3f}–{hi:.3f}) over {comparison['chunks']} interleaved chunks: "
             + _verdict_words(lo, hi, a, b),
         ]
+    if report.get("warnings"):
+        lines += ["", "## Warnings", "", *[f"- {w}" for w in report["warnings"]]]
     for kind in ("optimize", "load", "gate"):
         if report.get(kind):
             lines += ["", _section(kind, report[kind])]

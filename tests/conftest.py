@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -71,3 +72,39 @@ def sample_path(name: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} not built (python sample_models/build.py)")
     return path
+
+
+# -- the suite cleans up after itself ---------------------------------------------------------------
+
+# Python's own helper processes that end with the interpreter, not with a test.
+_INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when tests leave processes behind (servers, tuners, TVM's popen workers):
+    each costs memory and CPU on a 2-core machine and outlives `make test`."""
+    import psutil
+
+    me = psutil.Process()
+    leftovers = []
+    for proc in me.children(recursive=True):
+        try:
+            cmdline = " ".join(proc.cmdline())
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        if not any(helper in cmdline for helper in _INTERPRETER_HELPERS):
+            leftovers.append((proc, cmdline))
+    if not leftovers:
+        return
+    _, alive = psutil.wait_procs([p for p, _ in leftovers], timeout=10)
+    if not alive:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"  pid {p.pid}: {cmd[:160]}" for p, cmd in leftovers if p in alive]
+    message = "tests left child processes running (ended now):\n" + "\n".join(lines)
+    if reporter is not None:
+        reporter.write_line(message, red=True)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

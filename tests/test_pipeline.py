@@ -463,8 +463,12 @@ def test_ctrl_c_leaves_no_artifact_but_a_partial_report(tmp_path: Path) -> None:
     assert not out.exists()
     partial = load_report(partial_report_path(out))
     section = partial["optimize"]
-    assert section["partial"] is True and section["stopped_by"] == "interrupted (Ctrl-C)"
+    assert section["partial"] is True and section["stopped_by"] == "interrupted by Ctrl-C (SIGINT)"
     assert [s["label"] for s in section["stages"]] == ["baseline", "fake-fast"]
+    # The partial report names what the user could have had, with its figures.
+    best = section["best_so_far"]
+    assert best["label"] == "fake-fast"
+    assert "fake-fast" in best["summary"] and "x vs the baseline" in best["summary"]
     assert section["stages"][1]["status"] == "kept"
     assert not list(tmp_path.glob(".lto-work-*")) and not list(tmp_path.glob(".out.*"))
 

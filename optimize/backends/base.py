@@ -34,6 +34,19 @@ class TensorSpec:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
 
+# Runtime configuration keys that are thread counts (ONNX Runtime's, TVM's).
+THREAD_SETTINGS = ("intra_op_num_threads", "inter_op_num_threads", "num_threads")
+
+
+def check_thread_settings(kind: str, config: Mapping[str, Any]) -> None:
+    """Refuse a thread count out of bounds in a runtime configuration (a recipe, a manifest, flags)."""
+    from optimize.env import check_thread_count
+
+    for key in THREAD_SETTINGS:
+        if config.get(key) is not None:
+            check_thread_count(config[key], f"{kind} setting {key}")
+
+
 class Backend(ABC):
     """A model loaded into one runtime, ready to run.
 
@@ -80,6 +93,7 @@ class Backend(ABC):
             raise UsageError(
                 f"unknown {self.kind} setting {unknown[0]!r}", f"known settings: {', '.join(defaults)}"
             )
+        check_thread_settings(self.kind, self.config)
         return {**defaults, **self.config}
 
     def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> None:

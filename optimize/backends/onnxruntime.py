@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from optimize.backends.base import Backend, TensorSpec
+from optimize.backends.base import Backend, TensorSpec, check_thread_settings
 from optimize.errors import ModelError, UsageError
 
 # ONNX type strings as ORT reports them -> numpy dtype names.
@@ -73,6 +73,7 @@ def session_options(config: Mapping[str, Any]) -> Any:
         raise UsageError(
             f"unknown onnxruntime setting {unknown[0]!r}", f"known settings: {', '.join(DEFAULT_CONFIG)}"
         )
+    check_thread_settings("onnxruntime", config)
     cfg = {**DEFAULT_CONFIG, **config}
     so = ort.SessionOptions()
     so.graph_optimization_level = _opt_level(ort, str(cfg["graph_optimization_level"]))

@@ -59,9 +59,11 @@ for _name in COMMAND_MODULES:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every failure becomes one line on stderr and an exit code."""
+    from optimize import interrupts
     from optimize.cli.common import err_console
     from optimize.errors import LtoError
 
+    interrupts.install_handlers()
     try:
         rc = app(args=argv, standalone_mode=False)
     except LtoError as exc:
@@ -72,9 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     except ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except (KeyboardInterrupt, typer.Abort):
-        err_console.print("[bold red]interrupted[/]: previous results were left intact")
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        _interrupted(exc)
+    except typer.Abort:
+        _interrupted(KeyboardInterrupt())
     except OSError as exc:
         err_console.print(f"[bold red]error:[/] {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
         sys.exit(1)
@@ -89,4 +92,23 @@ def main(argv: list[str] | None = None) -> None:
             soft_wrap=True,
         )
         sys.exit(1)
+    stopped_by = interrupts.received()
+    if stopped_by is not None:  # typer returns 130 for a KeyboardInterrupt it caught
+        _interrupted(stopped_by)
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> None:
+    """One line that says which signal stopped what, then its exit code (130 or 143)."""
+    from optimize import interrupts
+    from optimize.cli.common import err_console
+
+    doing = interrupts.activity()
+    err_console.print(
+        f"[bold red]{interrupts.describe(exc)}[/]"
+        + (f" while {doing}" if doing else "")
+        + "; nothing more was written, previous results were left intact",
+        highlight=False,
+        soft_wrap=True,
+    )
+    sys.exit(interrupts.exit_code(exc))

@@ -40,9 +40,11 @@ def bench(
         None, "--backend", help="Runtime for a model file (default onnxruntime)."
     ),
     threads: int | None = typer.Option(
-        None, "--threads", help="Intra-op threads (ORT; 0 = runtime default)."
+        None, "--threads", help="Intra-op threads (ORT; 0 = runtime default; at most 4x the logical cores)."
     ),
-    inter_threads: int | None = typer.Option(None, "--inter-threads", help="Inter-op threads (ORT)."),
+    inter_threads: int | None = typer.Option(
+        None, "--inter-threads", help="Inter-op threads (ORT; at most 4x the logical cores)."
+    ),
     opt_level: str | None = typer.Option(
         None, "--opt-level", help="ORT graph level: disable|basic|extended|layout|all."
     ),
@@ -71,15 +73,23 @@ def bench(
     json_out: bool = JsonOption,
 ) -> None:
     """Measure latency percentiles (with CIs), throughput and stability of a model or artifact."""
+    from optimize import interrupts
     from optimize.bench import BenchSettings
+    from optimize.env import check_thread_count
     from optimize.errors import UsageError
-    from optimize.fsio import write_text_atomic
+    from optimize.fsio import check_output_file, write_markdown_atomic
     from optimize.inputs import parse_shape_args
     from optimize.measure import BenchRequest, parse_batches, run_bench, run_compare
     from optimize.report import render_markdown, write_report
 
     if (model is None) == (artifact is None):
         raise UsageError("give a MODEL or --artifact DIR (one of them)", "see lto bench --help")
+    check_output_file(output, flag="-o")
+    check_output_file(markdown, flag="--markdown")
+    # Before any work: a typo such as --threads 100000 would start that many threads.
+    for flag, count in (("--threads", threads), ("--inter-threads", inter_threads)):
+        if count is not None:
+            check_thread_count(count, flag)
     overrides: dict[str, Any] = {}
     for key, value in (
         ("intra_op_num_threads", threads),
@@ -107,8 +117,13 @@ def bench(
         ),
     )
     runner = run_compare if compare is not None else run_bench
+    interrupts.set_activity(f"loading {request.model}")
+
+    def note(label: str, runs: int, elapsed: float) -> None:
+        interrupts.set_activity(f"measuring {label} ({runs} runs, {elapsed:.1f} s)")
+
     if json_out:
-        report = runner(request)
+        report = runner(request, note)
     else:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -122,13 +137,19 @@ def bench(
             task = bar.add_task("loading")
 
             def tick(label: str, runs: int, elapsed: float) -> None:
+                note(label, runs, elapsed)
                 bar.update(task, description=f"measuring {label}: {runs} runs, {elapsed:.1f}s")
 
             report = runner(request, tick)
+    from rich.markup import escape
+
+    # On stderr in every mode: --json keeps stdout for the report, which also lists them.
+    for warning in report.get("warnings", []):
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     if output is not None:
         write_report(output, report)
     if markdown is not None:
-        write_text_atomic(markdown, render_markdown(report))
+        write_markdown_atomic(markdown, render_markdown(report))
     if json_out:
         print_json(report)
         return

@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
         """
         from optimize import gate as g
         from optimize.errors import UsageError
-        from optimize.fsio import write_text_atomic
+        from optimize.fsio import check_output_file, write_markdown_atomic
 
         settings = g.GateSettings(
             metric=metric,
@@ -114,6 +114,8 @@ def register(app: typer.Typer) -> None:
             ),
             alpha=alpha,
         )
+        for path, flag in ((markdown, "--markdown"), (output, "-o")):
+            check_output_file(path, flag=flag, inputs=(baseline, candidate))
         source_report = None
         if rerun:
             if baseline is None or baseline_dir is not None:
@@ -140,7 +142,7 @@ def register(app: typer.Typer) -> None:
                 force_update_baseline=force_update_baseline,
             )
         if markdown is not None:
-            write_text_atomic(markdown, g.render_markdown(result))
+            write_markdown_atomic(markdown, g.render_markdown(result))
         if output is not None:
             from optimize.report import write_report
 

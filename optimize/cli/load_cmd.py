@@ -73,6 +73,7 @@ def load(
 ) -> None:
     """Validate a server or artifact under load: latency percentiles, throughput, errors, SLO verdict."""
     from optimize.errors import UsageError
+    from optimize.fsio import check_output_file
     from optimize.inputs import parse_shape_args
     from optimize.report import write_report
     from optimize.serve.app import LoadOptions, render_load, run_load_command
@@ -81,6 +82,7 @@ def load(
 
     if (target is None) == (artifact is None):
         raise UsageError("give a URL, a MODEL.onnx or --artifact DIR (one of them)", "see lto load --help")
+    check_output_file(report, flag="-o")
     options = LoadOptions(
         LoadSettings(qps=qps, concurrency=concurrency, duration_s=duration, requests=requests,
                      min_queries=min_queries, warmup=warmup, slo_ms=slo_ms, percentile=percentile,

@@ -38,7 +38,10 @@ EPILOG = """
   DIR/model.onnx      the optimized model (+ its external data)
   DIR/manifest.json   runtime config, sha256 of every file, CPU requirements
   DIR/report.json     the shared report schema; DIR/report.md for people
-  An interrupted run writes no artifact, only DIR.partial-report.json.
+  -o replaces only an empty folder or an artifact lto wrote (--force: also one that looks
+  like a damaged artifact); anything else is refused before work starts, exit code 2.
+  Ctrl-C (exit 130) or SIGTERM (exit 143) writes no artifact and leaves the previous one
+  whole; DIR.partial-report.json says what was done and the best candidate found so far.
 """
 
 
@@ -80,6 +83,12 @@ def optimize_command(
     ),
     output: Path | None = typer.Option(
         None, "--output", "-o", help="Artifact directory (default reports/<model>-<time>/)."
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Replace an -o folder that looks like a damaged artifact. Never replaces a folder of "
+        "other files, a file, a symlink or a folder that holds the model.",
     ),
     time_budget: str | None = typer.Option(
         None,
@@ -128,6 +137,7 @@ def optimize_command(
         input_data=input_data,
         batch=batch,
         out_dir=output,
+        force=force,
         time_budget_s=parse_duration(time_budget) if time_budget else None,
         stop_at_target=stop_at_target,
         enable=[*enable, *(["tvm-tune"] if tvm else [])],
@@ -160,6 +170,7 @@ class _RichProgress:
     def __init__(self, show_rows: bool) -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+        from optimize import interrupts
         from optimize.pipeline import Progress as Base
 
         self.show_rows = show_rows
@@ -175,6 +186,7 @@ class _RichProgress:
 
         class Sink(Base):
             def status(self, text: str) -> None:
+                interrupts.set_activity(text)
                 outer._bar.update(outer._task, description=text)
 
             def record(self, record: StageRecord) -> None:

@@ -24,16 +24,17 @@ def report(
 ) -> None:
     """Render a report (bench, compare, optimize, load, gate) as Markdown for people."""
     from optimize.cli.common import console
-    from optimize.fsio import write_text_atomic
+    from optimize.fsio import check_output_file, write_markdown_atomic
     from optimize.report import load_report, render_markdown
 
+    check_output_file(output, flag="-o", inputs=(path,))
     data = load_report(path)
     if check:
         console.print(f"{path}: valid lto {data['kind']} report (schema {data['schema_version']})")
         return
     text = render_markdown(data)
     if output is not None:
-        write_text_atomic(output, text)
+        write_markdown_atomic(output, text)
         console.print(f"wrote {output}")
     else:
         typer.echo(text, nl=False)

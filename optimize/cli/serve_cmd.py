@@ -83,6 +83,7 @@ def serve(
 ) -> None:
     """Serve a model or artifact over HTTP (KServe v2) with deadline-aware dynamic batching."""
     from optimize.errors import UsageError
+    from optimize.fsio import check_output_file
     from optimize.inputs import parse_shape_args
     from optimize.serve.app import LoadOptions, run_serve
     from optimize.serve.batcher import BatcherConfig
@@ -91,6 +92,7 @@ def serve(
 
     if (model is None) == (artifact is None):
         raise UsageError("give a MODEL.onnx or --artifact DIR (one of them)", "see lto serve --help")
+    check_output_file(report, flag="-o")
     load_options = None
     if validate:
         load_options = LoadOptions(

@@ -64,7 +64,10 @@ def resolve_model(
 def open_instances(served: ServedModel, instances: int) -> list[Backend]:
     """Load the model `instances` times; ONNX Runtime instances split the cores between them."""
     from optimize.backends import open_backend
+    from optimize.env import check_thread_count
 
+    # Each instance runs in its own thread: bounded like any thread count, before loading any.
+    check_thread_count(instances, "--instances", minimum=1)
     config = dict(served.runtime_config)
     if served.backend_kind == "onnxruntime" and instances > 1 and not config.get("intra_op_num_threads"):
         from optimize.env import physical_cores

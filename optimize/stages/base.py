@@ -68,6 +68,10 @@ class StageSkipped(Exception):
 class Stage(ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
+    # Run `run` in a child process group (optimize.stages.isolation): for stages that spend
+    # minutes in native code that swallows or crashes on signals. Such a stage gets no
+    # ctx.check_accuracy.
+    isolated: ClassVar[bool] = False
 
     def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
         """Why this stage does not apply to `candidate` (None: it applies)."""

@@ -102,6 +102,8 @@ def progress_line(p: Any) -> str:
 class TvmTuneStage(Stage):
     name: ClassVar[str] = "tvm-tune"
     description: ClassVar[str] = "Apache TVM: Relax build tuned with MetaSchedule (XGBoost cost model)"
+    # TVM's FFI turns Ctrl-C into a RuntimeError and sometimes crashes on it: tune in a child.
+    isolated: ClassVar[bool] = True
 
     def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
         from optimize.tvm_support import INSTALL_HINT, check_tuning_dependencies, tvm_available
