@@ -7,7 +7,10 @@ call `pytest.importorskip("tvm")`; the rest run on the base install.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -416,14 +419,14 @@ def test_rpc_tuning_on_loopback(tmp_path: Path) -> None:
     tracker = subprocess.Popen(
         [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
          "--port", str(port), "--port-end", str(port + 1), "--silent"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     server = None
     try:
         server = subprocess.Popen(
             [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
              "--tracker", f"127.0.0.1:{port}", "--key", "lto-test", "--silent"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         from tvm import rpc
 
@@ -447,13 +450,18 @@ def test_rpc_tuning_on_loopback(tmp_path: Path) -> None:
         assert info["trials_measured"] >= 1 and info["run_errors"] == 0
         assert all(t["best_us"] is not None for t in info["tasks"])
     finally:
+        # Each in a group of its own, ended whole: the server's popen workers outlive a
+        # terminate() of the server alone.
         for proc in (server, tracker):
             if proc is not None:
-                proc.terminate()
+                os.killpg(proc.pid, signal.SIGTERM)
                 try:
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
-                    proc.kill()
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=10)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_rpc_options_are_checked() -> None:
