@@ -28,13 +28,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from optimize.backends import open_backend  # noqa: E402
 from optimize.bench import BenchSettings, compare, measure  # noqa: E402
 from optimize.errors import LtoError  # noqa: E402
-from optimize.fsio import write_text_atomic  # noqa: E402
+from optimize.files import write_text_atomic  # noqa: E402
 from optimize.gpu import gpu_status  # noqa: E402
 from optimize.inputs import resolve_inputs  # noqa: E402
 from optimize.report import new_report, render_markdown, write_report  # noqa: E402
+from optimize.runtimes import open_backend  # noqa: E402
 
 
 def output_agreement(want: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
@@ -54,8 +54,8 @@ def build_engines(
     model: Path, feeds: dict[str, np.ndarray], work: Path
 ) -> tuple[dict[str, Path], dict[str, str]]:
     """fp32 and fp16 engines for the benchmark shapes; failures are returned as reasons."""
-    from optimize.stages.tensorrt_build import convert_fp16, default_cache_dir
-    from optimize.tensorrt_support import (
+    from optimize.runtimes.tensorrt.build_stage import convert_fp16, default_cache_dir
+    from optimize.runtimes.tensorrt.engine import (
         BuildSettings,
         ShapeRange,
         build_engine,

@@ -44,9 +44,9 @@ def run_optimize(name: str, extra: list[str], out_dir: Path) -> dict[str, Any]:
 def remeasure(name: str, extra: list[str], out_dir: Path, max_time_s: float) -> tuple[float, float, float]:
     """Artifact vs original on ORT defaults, interleaved here; returns speedup and its 95% CI."""
     from optimize.artifact import load_artifact
-    from optimize.backends import open_backend
     from optimize.bench import BenchSettings, compare
     from optimize.inputs import parse_shape_args, resolve_inputs
+    from optimize.runtimes import open_backend
 
     shapes = parse_shape_args([extra[i + 1] for i, a in enumerate(extra) if a == "--shape"])
     model = SAMPLES / f"{name}.onnx"

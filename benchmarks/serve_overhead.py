@@ -34,8 +34,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from optimize.backends import open_backend  # noqa: E402
 from optimize.inputs import parse_shape_args, resolve_inputs  # noqa: E402
+from optimize.runtimes import open_backend  # noqa: E402
 from optimize.serve.batcher import Batcher, BatcherConfig  # noqa: E402
 from optimize.serve.loadgen import (  # noqa: E402
     HttpTarget,

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from optimize.backends.onnxruntime import OrtBackend
 from optimize.bench import BenchSettings, compare
 from optimize.inputs import resolve_inputs
-from optimize.stages.base import AccuracyResult, Candidate, StageContext
-from optimize.stages.graph_fusion import GraphFusionStage
-from optimize.stages.memory_layout import MemoryLayoutStage
-from optimize.stages.operator_fusion import OperatorFusionStage
-from optimize.stages.quantize import QuantizeStage
+from optimize.runtimes.onnxruntime.backend import OrtBackend
+from optimize.runtimes.onnxruntime.graph_fusion import GraphFusionStage
+from optimize.runtimes.onnxruntime.memory_layout import MemoryLayoutStage
+from optimize.runtimes.onnxruntime.operator_fusion import OperatorFusionStage
+from optimize.runtimes.onnxruntime.quantize import QuantizeStage
+from optimize.stage import AccuracyResult, Candidate, StageContext
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {"bert_tiny": {"sequence": (128,)}, "resnet_tiny": {}, "mlp_small": {}}

@@ -11,7 +11,7 @@ Every engine is measured in its own child process (`optimize.bench.measure` runs
 child, so no inter-process overhead is in the latencies): TVM's and ORT's thread pools slow each
 other down when they share a process. The IPC column is what one call through the tuned TVM
 worker costs on top of the model (median of 200 calls, the child timing backend.run itself); the
-pipeline's interleaved comparison pays it (see optimize/backends/subprocess.py).
+pipeline's interleaved comparison pays it (see optimize/runtimes/subprocess.py).
 
     nice -n 10 .venv/bin/python benchmarks/tvm_tuning.py                       # all sample models
     nice -n 10 .venv/bin/python benchmarks/tvm_tuning.py --trials-per-task 4 --models mlp_small
@@ -44,7 +44,7 @@ SHAPES: dict[str, dict[str, tuple[int, ...]]] = {
 def _ctx(
     workdir: Path, model: Path, feeds: dict[str, np.ndarray], options: dict[str, Any], status: Any
 ) -> Any:
-    from optimize.stages.base import Candidate, StageContext
+    from optimize.stage import Candidate, StageContext
 
     ctx = StageContext(
         workdir=workdir,
@@ -64,10 +64,10 @@ def _ctx(
 
 def untuned_library(model: Path, feeds: dict[str, np.ndarray], out_dir: Path) -> Path:
     """Build without any tuning records and export it like the stage does."""
-    from optimize.tvm_support import import_tvm, tvm_version
-    from optimize.tvm_support.relax_build import build, count_scheduled, fuse, import_onnx
-    from optimize.tvm_support.sidecar import write_sidecar
-    from optimize.tvm_support.target import resolve_target
+    from optimize.runtimes.tvm import import_tvm, tvm_version
+    from optimize.runtimes.tvm.cpu_target import resolve_target
+    from optimize.runtimes.tvm.relax_build import build, count_scheduled, fuse, import_onnx
+    from optimize.runtimes.tvm.sidecar import write_sidecar
 
     import_tvm(for_tuning=True)
     info = resolve_target()
@@ -101,12 +101,12 @@ def bench_one(name: str, args: argparse.Namespace, console: Any) -> dict[str, An
 
 
 def _bench_one(name: str, args: argparse.Namespace, console: Any, work: Path) -> dict[str, Any]:
-    from optimize.backends.subprocess import SubprocessBackend
-    from optimize.backends.tvm import TvmBackend
     from optimize.bench import BenchSettings
     from optimize.inputs import resolve_inputs
-    from optimize.stages.base import StageSkipped
-    from optimize.stages.tvm_tune import TvmTuneStage
+    from optimize.runtimes.subprocess import SubprocessBackend
+    from optimize.runtimes.tvm.backend import TvmBackend
+    from optimize.runtimes.tvm.tune_stage import TvmTuneStage
+    from optimize.stage import StageSkipped
 
     model = ROOT / "sample_models" / f"{name}.onnx"
     _, feeds = resolve_inputs(model, SHAPES.get(name, {}), None, seed=0, batch=1)
@@ -142,10 +142,10 @@ def _bench_one(name: str, args: argparse.Namespace, console: Any, work: Path) ->
         if reason:
             row["skipped"] = reason
             return row
-        from optimize.tvm_support import import_tvm
-        from optimize.tvm_support.relax_build import fuse, import_onnx
-        from optimize.tvm_support.target import resolve_target
-        from optimize.tvm_support.tuning import task_states
+        from optimize.runtimes.tvm import import_tvm
+        from optimize.runtimes.tvm.cpu_target import resolve_target
+        from optimize.runtimes.tvm.relax_build import fuse, import_onnx
+        from optimize.runtimes.tvm.tuning import task_states
 
         import_tvm(for_tuning=True)
         info = resolve_target()
@@ -264,7 +264,7 @@ def main() -> int:
         render(rows[-1:], Console(stderr=True, width=200))
     render(rows, Console(width=200))
     if args.json:
-        from optimize.fsio import write_json_atomic
+        from optimize.files import write_json_atomic
 
         write_json_atomic(args.json, {"args": {k: str(v) for k, v in vars(args).items()}, "results": rows})
     return 0

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from optimize.recipes import Thresholds
-from optimize.stages.base import AccuracyResult
+from optimize.stage import AccuracyResult
 
 Outputs = Mapping[str, np.ndarray]
 

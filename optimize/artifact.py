@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from optimize.errors import ModelError
-from optimize.fsio import atomic_directory, sha256_file, write_json_atomic, write_markdown_atomic
+from optimize.files import atomic_directory, sha256_file, write_json_atomic, write_markdown_atomic
 from optimize.onnx_utils import NCHWC_DOMAIN, QUANT_OPS, has_vnni, iter_nodes, nchwc_block_width
-from optimize.stages.base import Candidate
+from optimize.stage import Candidate
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -359,8 +359,8 @@ def _check_manifest_types(name: str, manifest: Mapping[str, Any]) -> None:
     if not is_a(manifest["requires"].get("arch"), (str, type(None))):
         raise bad("requires.arch", "a string", manifest["requires"]["arch"])
     # Thread counts: the same bound as --threads, so a manifest cannot start 100000 threads.
-    from optimize.backends.base import check_thread_settings
     from optimize.errors import UsageError
+    from optimize.runtimes.base import check_thread_settings
 
     try:
         check_thread_settings(str(manifest["backend"]), manifest["runtime_config"])

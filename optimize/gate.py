@@ -501,7 +501,7 @@ def baseline_path(baseline_dir: Path, fingerprint: str, name: str) -> Path:
 
 
 def store_baseline(path: Path, report: Mapping[str, Any]) -> Path:
-    from optimize.fsio import check_output_file
+    from optimize.files import check_output_file
     from optimize.report import write_report
 
     check_output_file(path, flag="--baseline-dir")
@@ -635,7 +635,7 @@ def gate_rerun(
 def _interleaved_run(
     request: RerunRequest, settings: GateSettings, index: int, progress: RunProgress | None
 ) -> tuple[GateResult, dict[str, Any]]:
-    from optimize.measure import BenchRequest, run_compare
+    from optimize.bench.command import BenchRequest, run_compare
 
     bench_request = BenchRequest(
         model=request.baseline,

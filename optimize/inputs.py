@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from optimize.backends.base import TensorSpec
 from optimize.errors import InputError, UsageError
+from optimize.runtimes.base import TensorSpec
 
 _SHAPE_ARG = re.compile(r"^\s*([^=\s]+)\s*=\s*([0-9xX,\s]+)\s*$")
 
@@ -47,7 +47,7 @@ def split_shape_args(args: list[str] | None) -> tuple[dict[str, tuple[int, ...]]
     ranges = [arg for arg in args or [] if ":" in arg]
     pins = parse_shape_args([arg for arg in args or [] if ":" not in arg])
     if ranges:
-        from optimize.tensorrt_support import opt_shapes, parse_shape_ranges
+        from optimize.runtimes.tensorrt.engine import opt_shapes, parse_shape_ranges
 
         for name, opt in opt_shapes(parse_shape_ranges(ranges)).items():
             if name in pins:
@@ -258,7 +258,7 @@ def check_memory(
         raise InputError(f"{where}, more than the {_gib(available)} of memory available", hint)
     if model_path is None or Path(model_path).suffix != ".onnx":
         return
-    from optimize.inspect import largest_activation
+    from optimize.inspection import largest_activation
 
     largest = largest_activation(model_path, {name: shape for name, _, shape in tensors})
     if largest is not None and total + largest[2] > available:
@@ -394,7 +394,7 @@ def resolve_inputs(
     `batch` sets a dynamic leading dim that --shape did not pin; with --input-data whose
     batch is 1 the rows are repeated to reach it.
     """
-    from optimize.fsio import sha256_file
+    from optimize.files import sha256_file
 
     shapes = dict(shapes or {})
     onnx_path = Path(model_path)

@@ -247,7 +247,7 @@ def model_sha256(path: str | os.PathLike[str]) -> str:
     "<name> <sha256>" for the model file and each side file in sorted order, so that changing the
     weights changes the hash even though the .onnx file itself did not change.
     """
-    from optimize.fsio import sha256_file
+    from optimize.files import sha256_file
 
     p = _existing_file(path)
     own = sha256_file(p)

@@ -118,7 +118,7 @@ def save_model(model: onnx.ModelProto, path: str | Path, external: bool | None =
     """
     import onnx
 
-    from optimize.fsio import write_bytes_atomic
+    from optimize.files import write_bytes_atomic
 
     target = Path(path)
     strip_unused_opsets(model)
@@ -157,7 +157,7 @@ def ort_save_optimized(
     """
     import onnxruntime as ort
 
-    from optimize.backends.onnxruntime import session_options
+    from optimize.runtimes.onnxruntime.backend import session_options
 
     src, dst = Path(src), Path(dst)
     external = file_has_external_data(src)

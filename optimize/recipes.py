@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from optimize.env import check_thread_count
 from optimize.errors import UsageError
-from optimize.stages.tvm_tune import OPTION_TYPES as TVM_TUNE_OPTIONS
+from optimize.runtimes.tvm.tune_stage import OPTION_TYPES as TVM_TUNE_OPTIONS
 
 if TYPE_CHECKING:
     import onnx
@@ -281,7 +281,7 @@ def _non_negative(where: str, key_path: str, value: float | int | None) -> None:
 
 def parse_recipe(data: Mapping[str, Any], source: str, known_stages: Sequence[str] | None = None) -> Recipe:
     """Validate parsed TOML and build a Recipe. `known_stages` defaults to the stage registry."""
-    from optimize.stages import STAGES
+    from optimize.runtimes import STAGES
 
     where = Path(source).name
     stage_names = list(known_stages) if known_stages is not None else list(STAGES)

@@ -12,7 +12,7 @@ from typing import Any
 
 from optimize import __version__
 from optimize.errors import UsageError
-from optimize.fsio import sha256_file, write_json_atomic
+from optimize.files import sha256_file, write_json_atomic
 
 SCHEMA_VERSION = "1.0"
 KINDS = ("bench", "compare", "optimize", "load", "gate")

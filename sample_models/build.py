@@ -340,7 +340,7 @@ BUILDERS = {
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    # This script runs without the package installed, so it cannot import optimize.fsio;
+    # This script runs without the package installed, so it cannot import optimize.files;
     # the same temp-file-then-rename keeps an interrupted build from leaving half a file.
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)

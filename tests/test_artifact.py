@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from optimize.artifact import check_cpu, cpu_requirements, load_artifact, read_manifest, write_artifact
 from optimize.errors import ModelError
-from optimize.fsio import sha256_file
-from optimize.stages.base import Candidate
+from optimize.files import sha256_file
+from optimize.stage import Candidate
 from tests.conftest import make_matmul_model
 
 

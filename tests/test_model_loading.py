@@ -8,11 +8,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from cli_helpers import assert_clean_error, run_lto
 from onnx import TensorProto, helper, numpy_helper
 
 from optimize.errors import ModelError
-from optimize.fsio import sha256_file
+from optimize.files import sha256_file
 from optimize.model import (
     check_model,
     external_data_files,
@@ -22,6 +21,7 @@ from optimize.model import (
     opset_version,
     uses_external_data,
 )
+from tests.cli_helpers import assert_clean_error, run_lto
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "sample_models" / "mlp_small.onnx"

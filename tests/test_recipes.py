@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 
 from optimize.errors import UsageError
 from optimize.recipes import detect_model_kind, list_recipes, load_recipe, parse_recipe, recipe_for_kind
-from optimize.stages import STAGES
+from optimize.runtimes import STAGES
 from tests.conftest import SAMPLES, make_matmul_model
 
 MINIMAL = 'order = ["graph-fusion", "quantize"]\n'

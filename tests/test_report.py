@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from optimize.errors import LtoError, UsageError
-from optimize.fsio import atomic_directory, write_json_atomic
+from optimize.files import atomic_directory, write_json_atomic
 from optimize.report import load_report, new_report, render_markdown, validate_report, write_report
 
 SAMPLE_MEASUREMENT = {

@@ -225,7 +225,7 @@ def test_sigterm_during_optimize_keeps_the_previous_artifact(tmp_path: Path, art
 
 def test_ctrl_c_during_tvm_tuning_reaches_lto_and_ends_the_tuner(tmp_path: Path, artifact: Path) -> None:
     pytest.importorskip("tvm")
-    from optimize.stages.tvm_tune import compiler_available
+    from optimize.runtimes.tvm.tune_stage import compiler_available
 
     if not compiler_available():
         pytest.skip("TVM needs a C compiler")

@@ -1,4 +1,4 @@
-"""`lto bench`: parse flags, call optimize.measure, show and save the report."""
+"""`lto bench`: parse flags, call optimize.bench.command, show and save the report."""
 
 from __future__ import annotations
 
@@ -75,11 +75,11 @@ def bench(
     """Measure latency percentiles (with CIs), throughput and stability of a model or artifact."""
     from optimize import interrupts
     from optimize.bench import BenchSettings
+    from optimize.bench.command import BenchRequest, parse_batches, run_bench, run_compare
     from optimize.env import check_thread_count
     from optimize.errors import UsageError
-    from optimize.fsio import check_output_file, write_markdown_atomic
+    from optimize.files import check_output_file, write_markdown_atomic
     from optimize.inputs import parse_shape_args
-    from optimize.measure import BenchRequest, parse_batches, run_bench, run_compare
     from optimize.report import render_markdown, write_report
 
     if (model is None) == (artifact is None):
@@ -153,7 +153,7 @@ def bench(
     if json_out:
         print_json(report)
         return
-    from optimize.cli.render import render_measurements
+    from optimize.render.terminal import render_measurements
 
     render_measurements(report, console)
     if output is not None:

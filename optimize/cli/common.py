@@ -15,7 +15,7 @@ err_console = Console(stderr=True)
 
 def print_json(obj: Any) -> None:
     """Machine output: plain JSON on stdout, nothing else."""
-    from optimize.fsio import _json_default
+    from optimize.files import _json_default
 
     sys.stdout.write(json.dumps(obj, indent=2, default=_json_default) + "\n")
 

@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
         """
         from optimize import gate as g
         from optimize.errors import UsageError
-        from optimize.fsio import check_output_file, write_markdown_atomic
+        from optimize.files import check_output_file, write_markdown_atomic
 
         settings = g.GateSettings(
             metric=metric,

@@ -1,4 +1,4 @@
-"""`lto inspect`: parse flags, call optimize.inspect, print tables or JSON."""
+"""`lto inspect`: parse flags, call optimize.inspection, print tables or JSON."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ EPILOG = """
   lto inspect model.onnx --shape pixel_values=8x3x224x224 --json > model-info.json
 
 FLOPs/MACs are computed only when every dynamic dim is pinned; MatMul/Gemm/Conv MACs are exact,
-elementwise ops count 1 FLOP per element (convention in optimize/inspect.py).
+elementwise ops count 1 FLOP per element (convention in optimize/inspection.py).
 """
 
 
@@ -28,7 +28,7 @@ def inspect(
 ) -> None:
     """Show an ONNX model's versions, inputs/outputs, ops, parameters, FLOPs and validity."""
     from optimize.inputs import parse_shape_args
-    from optimize.inspect import inspect_model, render_inspection
+    from optimize.inspection import inspect_model, render_inspection
 
     info = inspect_model(model, parse_shape_args(shape))
     if json_out:

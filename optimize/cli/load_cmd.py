@@ -73,7 +73,7 @@ def load(
 ) -> None:
     """Validate a server or artifact under load: latency percentiles, throughput, errors, SLO verdict."""
     from optimize.errors import UsageError
-    from optimize.fsio import check_output_file
+    from optimize.files import check_output_file
     from optimize.inputs import parse_shape_args
     from optimize.report import write_report
     from optimize.serve.app import LoadOptions, render_load, run_load_command

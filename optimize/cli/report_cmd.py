@@ -24,7 +24,7 @@ def report(
 ) -> None:
     """Render a report (bench, compare, optimize, load, gate) as Markdown for people."""
     from optimize.cli.common import console
-    from optimize.fsio import check_output_file, write_markdown_atomic
+    from optimize.files import check_output_file, write_markdown_atomic
     from optimize.report import load_report, render_markdown
 
     check_output_file(output, flag="-o", inputs=(path,))

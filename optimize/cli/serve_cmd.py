@@ -83,7 +83,7 @@ def serve(
 ) -> None:
     """Serve a model or artifact over HTTP (KServe v2) with deadline-aware dynamic batching."""
     from optimize.errors import UsageError
-    from optimize.fsio import check_output_file
+    from optimize.files import check_output_file
     from optimize.inputs import parse_shape_args
     from optimize.serve.app import LoadOptions, run_serve
     from optimize.serve.batcher import BatcherConfig

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from optimize.backends.base import Backend, TensorSpec
 from optimize.errors import InputError, UsageError
+from optimize.runtimes.base import Backend, TensorSpec
 
 
 class ServeError(Exception):

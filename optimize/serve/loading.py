@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from optimize.backends.base import Backend
 from optimize.errors import InputError, UsageError
+from optimize.runtimes.base import Backend
 
 # Protocol "platform" names clients know, by lto backend kind.
 PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tvm": "tvm", "tensorrt": "tensorrt_plan"}
@@ -63,8 +63,8 @@ def resolve_model(
 
 def open_instances(served: ServedModel, instances: int) -> list[Backend]:
     """Load the model `instances` times; ONNX Runtime instances split the cores between them."""
-    from optimize.backends import open_backend
     from optimize.env import check_thread_count
+    from optimize.runtimes import open_backend
 
     # Each instance runs in its own thread: bounded like any thread count, before loading any.
     check_thread_count(instances, "--instances", minimum=1)

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from optimize.backends.base import TensorSpec
 from optimize.errors import InputError
+from optimize.runtimes.base import TensorSpec
 
 # Protocol datatype <-> numpy dtype name. BYTES (strings) is not supported: lto serves numeric models.
 V2_TO_NUMPY = {

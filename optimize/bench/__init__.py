@@ -1,0 +1,13 @@
+"""Measurement: the engine that times everything lto reports (`engine`), and the `lto bench`
+command's sweeps and comparisons built on it (`command`). Nothing else in lto times a model."""
+
+from optimize.bench.engine import (
+    BenchSettings,
+    Comparison,
+    Measurement,
+    compare,
+    measure,
+    median_ci_rel_width,
+)
+
+__all__ = ["BenchSettings", "Comparison", "Measurement", "compare", "measure", "median_ci_rel_width"]

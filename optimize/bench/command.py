@@ -1,0 +1,162 @@
+"""`lto bench`: measure one target, sweep batch sizes, or compare two targets interleaved."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from optimize.bench.engine import BenchSettings, Comparison, Measurement, compare, measure
+from optimize.errors import InputError, UsageError
+from optimize.inputs import InputSpec, check_memory, feeds_from_spec, resolve_inputs
+from optimize.report import new_report
+from optimize.runtimes import Backend, open_backend
+from optimize.targets import Target, resolve_target
+
+Progress = Callable[[str, int, float], None]
+
+
+@dataclass
+class BenchRequest:
+    model: Path
+    compare_with: Path | None = None
+    backend: str | None = None
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    input_data: Path | None = None
+    batches: list[int] = field(default_factory=list)
+    seed: int = 0
+    runtime_overrides: dict[str, Any] = field(default_factory=dict)
+    settings: BenchSettings = field(default_factory=BenchSettings)
+
+
+def parse_batches(text: str | None) -> list[int]:
+    if not text:
+        return []
+    parts = text.split(",")
+    if any(not part.strip() for part in parts):
+        # "1,,8" is a typo, not a request for two sizes: say so rather than guess.
+        raise UsageError(f"bad --batch {text!r}: empty size between commas", "e.g. --batch 1,8,32")
+    try:
+        values = [int(part) for part in parts]
+    except ValueError:
+        raise UsageError(
+            f"bad --batch {text!r}", "give sizes separated by commas, e.g. --batch 1,8,32"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise UsageError(f"bad --batch {text!r}: sizes must be at least 1")
+    return values
+
+
+@contextmanager
+def opened(target: Target, overrides: dict[str, Any]) -> Iterator[Backend]:
+    backend = open_backend(target.backend, target.model_path, {**target.runtime_config, **overrides})
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+def target_inputs(
+    target: Target, backend: Backend, request: BenchRequest, batch: int | None
+) -> tuple[InputSpec, dict[str, np.ndarray]]:
+    """Inputs for a target: explicit flags win; an artifact's stored spec otherwise."""
+    explicit = bool(request.shapes) or request.input_data is not None
+    if target.stored_input_spec is not None and not explicit:
+        spec = InputSpec.from_json(target.stored_input_spec)
+        if batch is None or batch == spec.batch_size:
+            # A manifest's shapes are data too: an edited one must not allocate past memory.
+            check_memory([(t.name, t.dtype, t.shape) for t in spec.tensors], target.model_path)
+            return spec, feeds_from_spec(spec)
+        # A batch sweep on an artifact: keep the stored shapes but the requested batch.
+        shapes = {t.name: (batch, *t.shape[1:]) for t in spec.tensors}
+        return resolve_inputs(target.model_path, shapes, None, spec.seed, batch, specs=backend.inputs)
+    specs = None if target.model_path.suffix == ".onnx" else backend.inputs
+    # A dynamic leading dim defaults to batch 1 (the documented --batch default); any other
+    # unpinned dim is an error that names it.
+    batch = 1 if batch is None and request.input_data is None else batch
+    return resolve_inputs(
+        target.model_path, request.shapes, request.input_data, request.seed, batch, specs=specs
+    )
+
+
+def run_bench(request: BenchRequest, progress: Progress | None = None) -> dict[str, Any]:
+    """Measure a target (or a batch sweep of it) and return a report of kind 'bench'."""
+    target = resolve_target(request.model, request.backend)
+    overrides = dict(request.runtime_overrides)
+    if target.backend == "tvm":
+        # Alone in this process, TVM has no thread pool to fight: run it here, so the timings
+        # carry no inter-process cost. (--compare keeps it in its own process next to ORT.)
+        overrides.setdefault("process", "inline")
+    measurements: list[Measurement] = []
+    spec_json: dict[str, Any] | None = None
+    describe: dict[str, Any] = {}
+    warnings: list[str] = []
+    with opened(target, overrides) as backend:
+        describe = backend.describe()
+        for batch in request.batches or [None]:
+            spec, feeds = target_inputs(target, backend, request, batch)
+            spec_json = spec_json or spec.to_json()
+            warnings += [w for w in spec.warnings if w not in warnings]
+            label = f"{target.label}@b{spec.batch_size}"
+            tick = (lambda n, t, lab=label: progress(lab, n, t)) if progress else None
+            measurements.append(measure(backend, feeds, request.settings, label, spec.batch_size, tick))
+    report = new_report(
+        "bench",
+        model_path=target.model_path,
+        input_spec=spec_json,
+        settings={"bench": request.settings.to_json(), "runtime": describe, "artifact": _artifact(target)},
+    )
+    report["results"] = [m.to_json() for m in measurements]
+    if warnings:
+        report["warnings"] = warnings
+    return report
+
+
+def run_compare(request: BenchRequest, progress: Progress | None = None) -> dict[str, Any]:
+    """Measure two targets interleaved (A B B A ...) and report the ratio with its CI."""
+    assert request.compare_with is not None
+    target_a = resolve_target(request.model, request.backend, label="A")
+    target_b = resolve_target(request.compare_with, request.backend, label="B")
+    batch = request.batches[0] if request.batches else None
+    if len(request.batches) > 1:
+        raise UsageError("--compare measures one batch size", "give a single --batch with --compare")
+    with opened(target_a, request.runtime_overrides) as a, opened(target_b, request.runtime_overrides) as b:
+        spec_a, feeds_a = target_inputs(target_a, a, request, batch)
+        spec_b, feeds_b = target_inputs(target_b, b, request, batch)
+        if spec_a.shapes() != spec_b.shapes():
+            raise InputError(
+                f"the two models take different inputs ({spec_a.shapes()} vs {spec_b.shapes()})",
+                "compare models with the same inputs",
+            )
+        # Same values for both, so the comparison is of the models and nothing else.
+        feeds_b = {k: feeds_a[k] for k in feeds_b} if set(feeds_a) == set(feeds_b) else feeds_b
+        tick = (lambda n, t: progress("A/B", n, t)) if progress else None
+        labels = (f"A:{Path(request.model).name}", f"B:{Path(request.compare_with).name}")
+        result: Comparison = compare(a, b, feeds_a, feeds_b, request.settings, labels, progress=tick)
+        runtime = {"A": a.describe(), "B": b.describe()}
+    report = new_report(
+        "compare",
+        model_path=target_a.model_path,
+        input_spec=spec_a.to_json(),
+        settings={
+            "bench": request.settings.to_json(),
+            "runtime": runtime,
+            "compare_with": str(target_b.model_path),
+        },
+    )
+    report["results"] = [result.a.to_json(), result.b.to_json()]
+    report["comparison"] = result.to_json()
+    warnings = list(dict.fromkeys([*spec_a.warnings, *spec_b.warnings]))
+    if warnings:
+        report["warnings"] = warnings
+    return report
+
+
+def _artifact(target: Target) -> dict[str, Any] | None:
+    if target.artifact_dir is None:
+        return None
+    return {"dir": str(target.artifact_dir), "verified": True}

@@ -1,0 +1,358 @@
+"""Any backend, hosted in a child process of its own.
+
+Why: TVM's and ONNX Runtime's thread pools busy-spin against each other when they share a
+process; measured alternately in one process, a tuned TVM module ran 14x slower than alone
+(shared/notes/tvm.md §6). The pipeline keeps ORT candidates open while it benchmarks a TVM
+one, so TVM runs in its own process.
+
+How it is timed, honestly: `run()` copies the feeds into a shared-memory file, sends a small
+message over a socket pair, and copies the outputs back out of a second shared file, so a
+timing taken in the parent (what `optimize.bench.compare` does when it interleaves a hosted
+backend with an in-process one) includes that round trip and the copies: it errs against the
+hosted backend, never for it. `benchmarks/tvm_tuning.py` prints that overhead next to the
+model latencies. Where an absolute latency without IPC is wanted, `measure()` runs
+`optimize.bench.measure` inside the child and returns its Measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from optimize import errors
+from optimize.errors import LtoError
+from optimize.runtimes.base import Backend, TensorSpec
+
+_START_TIMEOUT_S = 300.0  # loading a large library under load can take a while
+_ALIGN = 64
+# Tensors travel through files in RAM (/dev/shm where there is one): a memcpy each way instead
+# of pickling every array through the socket (which cost ~0.2 ms per call on small models).
+_SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+Layout = list[tuple[str, str, tuple[int, ...], int]]  # (name, dtype str, shape, byte offset)
+
+
+def _layout(arrays: Mapping[str, np.ndarray]) -> tuple[Layout, int]:
+    layout: Layout = []
+    offset = 0
+    for name, array in arrays.items():
+        layout.append((name, array.dtype.str, tuple(int(d) for d in array.shape), offset))
+        offset += -(-max(int(array.nbytes), 1) // _ALIGN) * _ALIGN
+    return layout, offset
+
+
+class _SharedFile:
+    """A file in RAM mapped into this process; the parent creates it, the child maps it by path."""
+
+    def __init__(self, path: str, size: int | None = None) -> None:
+        import mmap
+
+        self.path = path
+        self.unlinked = False
+        with open(path, "r+b") as fh:
+            if size is not None:
+                fh.truncate(size)
+            self.size = os.fstat(fh.fileno()).st_size
+            self.map = mmap.mmap(fh.fileno(), self.size)
+
+    @classmethod
+    def create(cls, size: int) -> _SharedFile:
+        fd, path = tempfile.mkstemp(prefix="lto-worker-", suffix=".shm", dir=_SHM_DIR)
+        os.close(fd)
+        return cls(path, size)
+
+    def views(self, layout: Layout) -> dict[str, np.ndarray]:
+        return {
+            name: np.ndarray(shape, dtype=np.dtype(dtype), buffer=self.map, offset=offset)
+            for name, dtype, shape, offset in layout
+        }
+
+    def write(self, arrays: Mapping[str, np.ndarray], layout: Layout) -> None:
+        for (_, _, _, offset), array in zip(layout, arrays.values(), strict=True):
+            view = np.ndarray(array.shape, dtype=array.dtype, buffer=self.map, offset=offset)
+            np.copyto(view, array, casting="no")
+
+    def unlink(self) -> None:
+        """Remove the name; both processes keep their mappings. Done once the child has mapped
+        the file, so nothing is left in /dev/shm even if a process dies."""
+        if not self.unlinked:
+            self.unlinked = True
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+    def close(self, unlink: bool = False) -> None:
+        with contextlib.suppress(BufferError, ValueError):
+            self.map.close()
+        if unlink:
+            self.unlink()
+
+
+def _error_payload(exc: BaseException) -> tuple[str, str, str | None]:
+    if isinstance(exc, LtoError):
+        return type(exc).__name__, exc.message, exc.hint
+    text = str(exc).strip()
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return "", f"{type(exc).__name__}: {first}" if first else type(exc).__name__, None
+
+
+def _rebuild_error(kind: str, payload: tuple[str, str, str | None]) -> LtoError:
+    name, message, hint = payload
+    cls = getattr(errors, name, None) if name else None
+    if isinstance(cls, type) and issubclass(cls, LtoError):
+        return cls(message, hint)
+    return LtoError(f"the {kind} worker process failed: {message}", hint)
+
+
+def _child_main(fd: int) -> None:
+    """The child: open the backend named in the first request, then serve run/measure requests."""
+    from multiprocessing.connection import Connection
+
+    conn = Connection(fd)
+    try:
+        _, kind, model_path, config = conn.recv()
+        from optimize.runtimes import open_backend
+
+        backend = open_backend(kind, model_path, config)
+        conn.send(
+            (
+                "ready",
+                {
+                    "inputs": [s.to_json() for s in backend.inputs],
+                    "outputs": [s.to_json() for s in backend.outputs],
+                    "describe": backend.describe(),
+                    "pid": os.getpid(),
+                },
+            )
+        )
+    except BaseException as exc:
+        conn.send(("error", _error_payload(exc)))
+        return
+    shared: dict[str, _SharedFile] = {}  # "in" / "out": the parent's files, mapped here by path
+
+    def mapped(role: str, path: str) -> _SharedFile:
+        current = shared.get(role)
+        if current is None or current.path != path:
+            if current is not None:
+                current.close()
+            shared[role] = current = _SharedFile(path)
+        return current
+
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break  # the parent went away
+            op = message[0]
+            if op == "close":
+                break
+            try:
+                if op == "run_shm":
+                    _, in_path, in_layout, out_path = message
+                    views = mapped("in", in_path).views(in_layout)
+                    start = time.perf_counter_ns()
+                    outputs = backend.run(views)
+                    run_ns = time.perf_counter_ns() - start  # the parent subtracts it: IPC cost
+                    out_layout, needed = _layout(outputs)
+                    out = mapped("out", out_path)
+                    if needed <= out.size:
+                        out.write(outputs, out_layout)
+                        result: Any = ("shm", run_ns, out_layout)
+                    else:  # too small this once: send them inline and say what size is needed
+                        result = ("inline", run_ns, outputs, needed)
+                elif op == "run":
+                    result = backend.run(message[1])
+                elif op == "measure":
+                    from optimize.bench import measure
+
+                    feeds, settings, label, batch_size = message[1:]
+                    result = measure(backend, feeds, settings, label=label, batch_size=batch_size)
+                else:
+                    raise LtoError(f"unknown worker request {op!r}")
+            except Exception as exc:
+                conn.send(("error", _error_payload(exc)))
+                continue
+            conn.send(("ok", result))
+    finally:
+        for file in shared.values():
+            file.close()
+        backend.close()
+
+
+def _specs(entries: list[dict[str, Any]]) -> list[TensorSpec]:
+    return [TensorSpec(str(e["name"]), str(e["dtype"]), tuple(e["shape"])) for e in entries]
+
+
+class SubprocessBackend(Backend):
+    """Hosts the backend `kind` in a spawned child process and forwards every call to it."""
+
+    kind: ClassVar[str] = "subprocess"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        config: Mapping[str, Any] | None = None,
+        *,
+        hosted_kind: str,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(model_path, config)
+        self.hosted_kind = hosted_kind
+        self._conn: Connection | None = None
+        self._in: _SharedFile | None = None
+        self._out: _SharedFile | None = None
+        # One request in flight at a time (a server may call run() from several threads).
+        self._lock = threading.Lock()
+        # What the last run() cost on top of the model itself (copies, messages, wake-ups), from
+        # the child's own timing of backend.run: a paired figure, unlike two separate timings.
+        self.last_overhead_ms: float | None = None
+        # A fresh interpreter (not fork: a forked child inherits this process's thread pools and
+        # locks; not multiprocessing's spawn: it re-imports the caller's __main__). The pipe is a
+        # socketpair whose child end is passed by descriptor.
+        parent_sock, child_sock = socket.socketpair()
+        package_root = str(Path(__file__).resolve().parent.parent.parent)
+        child_env = {**os.environ, **dict(env or {})}
+        child_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, child_env.get("PYTHONPATH")) if p)
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+        code = f"from optimize.runtimes.subprocess import _child_main; _child_main({child_sock.fileno()})"
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            pass_fds=(child_sock.fileno(),),
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,  # TVM prints harmless "Scope Loaded" noise; kept for error reports
+            close_fds=True,
+        )
+        child_sock.close()
+        self._conn = Connection(parent_sock.detach())
+        self._conn.send(("open", hosted_kind, str(self.model_path), dict(self.config)))
+        if not self._conn.poll(_START_TIMEOUT_S):
+            self.close()
+            raise LtoError(f"the {hosted_kind} worker process did not start within {_START_TIMEOUT_S:.0f} s")
+        status, payload = self._receive()
+        if status != "ready":
+            self.close()
+            raise _rebuild_error(hosted_kind, payload)
+        self._inputs = _specs(payload["inputs"])
+        self._outputs = _specs(payload["outputs"])
+        self._describe = payload["describe"]
+        self.pid = int(payload["pid"])
+
+    def _stderr_tail(self) -> str:
+        try:
+            self._stderr.seek(0)
+            lines = [ln.strip() for ln in self._stderr.read().decode("utf-8", "replace").splitlines()]
+        except (OSError, ValueError):
+            return ""
+        lines = [ln for ln in lines if ln and "Scope Loaded" not in ln]
+        return lines[-1][:300] if lines else ""
+
+    def _receive(self) -> tuple[str, Any]:
+        assert self._conn is not None
+        try:
+            return self._conn.recv()  # type: ignore[no-any-return]
+        except (EOFError, OSError):
+            raise self._died() from None
+
+    def _died(self) -> LtoError:
+        try:
+            code = self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        tail = self._stderr_tail()
+        return LtoError(f"the {self.hosted_kind} worker process died ({how})" + (f": {tail}" if tail else ""))
+
+    def _call(self, *message: Any) -> Any:
+        if self._conn is None:
+            raise LtoError(f"the {self.hosted_kind} backend is closed")
+        try:
+            self._conn.send(message)
+        except OSError:  # the child is gone (broken pipe / connection reset)
+            raise self._died() from None
+        status, payload = self._receive()
+        if status != "ok":
+            raise _rebuild_error(self.hosted_kind, payload)
+        return payload
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return list(self._outputs)
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self._lock:
+            return self._run_shared(feeds)
+
+    def _run_shared(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        layout, needed = _layout(feeds)
+        if self._in is None or needed > self._in.size:
+            self._replace("_in", max(needed, 2 * (self._in.size if self._in else 0), 1 << 16))
+        if self._out is None:
+            self._replace("_out", 1 << 20)
+        assert self._in is not None and self._out is not None
+        start = time.perf_counter_ns()
+        self._in.write(feeds, layout)
+        kind, run_ns, *rest = self._call("run_shm", self._in.path, layout, self._out.path)
+        self._in.unlink()
+        self._out.unlink()
+        if kind == "shm":
+            result = {name: view.copy() for name, view in self._out.views(rest[0]).items()}
+            self.last_overhead_ms = (time.perf_counter_ns() - start - run_ns) / 1e6
+            return result
+        outputs, out_needed = rest
+        self._replace("_out", max(out_needed, 2 * self._out.size))
+        return outputs  # type: ignore[no-any-return]
+
+    def _replace(self, attr: str, size: int) -> None:
+        old: _SharedFile | None = getattr(self, attr)
+        setattr(self, attr, _SharedFile.create(size))
+        if old is not None:
+            old.close(unlink=True)
+
+    def measure(self, feeds: Mapping[str, np.ndarray], settings: Any = None, label: str = "model",
+                batch_size: int | None = None) -> Any:  # fmt: skip
+        """`optimize.bench.measure` run inside the child: latency without the pipe round trip."""
+        with self._lock:
+            return self._call("measure", dict(feeds), settings, label, batch_size)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self._describe, "process": "isolated", "worker_pid": self.pid}
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(("close",))
+            conn.close()
+        proc = getattr(self, "_proc", None)
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        stderr = getattr(self, "_stderr", None)
+        if stderr is not None:
+            stderr.close()
+        for attr in ("_in", "_out"):
+            file = getattr(self, attr, None)
+            if file is not None:
+                file.close(unlink=True)
+                setattr(self, attr, None)

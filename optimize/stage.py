@@ -1,0 +1,91 @@
+"""The one interface every pipeline stage implements.
+
+A stage turns the best candidate so far into zero or more new candidates. It never times
+itself and never decides whether its output is kept: the pipeline benchmarks every
+candidate the same way, checks its accuracy against the reference, and keeps or rejects
+it. That way every number in a report was produced by one piece of code.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+@dataclass
+class Candidate:
+    """A model in a runtime with its runtime configuration: something the pipeline can measure."""
+
+    label: str  # short, unique within a run: "baseline", "graph-fusion", "quantize:static-qdq"
+    model_path: Path  # the file the backend loads (ONNX, TVM shared library, TensorRT engine)
+    backend: str = "onnxruntime"
+    runtime_config: dict[str, Any] = field(default_factory=dict)
+    # Only ai.onnx-domain ops: a graph that TVM and TensorRT can read.
+    standard_ops: bool = True
+    precision: str = "fp32"
+    # What the stage did, for the report (fused ops, quantization mode, excluded nodes ...).
+    details: dict[str, Any] = field(default_factory=dict)
+    # Files besides model_path that belong to the candidate (external data, libraries).
+    extra_files: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class AccuracyResult:
+    ok: bool
+    reason: str  # empty when ok
+    per_output: dict[str, dict[str, float]]  # name -> {"cosine", "max_abs", "max_rel", "top1_agreement"?}
+
+
+@dataclass
+class StageContext:
+    """What a stage may read, and the services the pipeline lends it."""
+
+    workdir: Path  # a private scratch directory for this stage
+    original_model: Path  # the user's model, unchanged
+    feeds: Mapping[str, np.ndarray]  # the benchmark inputs (dynamic dims pinned)
+    options: dict[str, Any]  # this stage's options from the recipe
+    best_standard: Candidate  # the best standard-op candidate so far (for TVM / TensorRT)
+    best_latency_ms: float | None  # the best measured latency so far at the target percentile
+    target_ms: float | None
+    deadline: float | None  # time.monotonic() by which the stage must return
+    # Checks a candidate against the reference outputs; a stage that searches (quantization
+    # back-off) uses it instead of keeping its own notion of accuracy.
+    check_accuracy: Callable[[Candidate], AccuracyResult]
+    log: Callable[[str], None]
+    # A live one-line status for long work (tuning progress); replaces the previous line.
+    status: Callable[[str], None] | None = None
+
+
+class StageSkipped(Exception):
+    """Raised by a stage that finds, once running, that it cannot handle this model."""
+
+
+class Stage(ABC):
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    # Run `run` in a child process group (optimize.pipeline.isolation): for stages that spend
+    # minutes in native code that swallows or crashes on signals. Such a stage gets no
+    # ctx.check_accuracy.
+    isolated: ClassVar[bool] = False
+
+    def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
+        """Why this stage does not apply to `candidate` (None: it applies)."""
+        return None
+
+    @abstractmethod
+    def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
+        """Produce candidates derived from `candidate`, written under ctx.workdir."""
+
+
+class OnnxRuntimeStage(Stage):
+    """A stage that rewrites ONNX files for ONNX Runtime: it cannot work on a TVM or TensorRT candidate."""
+
+    def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
+        if candidate.backend != "onnxruntime" or candidate.model_path.suffix != ".onnx":
+            return f"needs an ONNX model on onnxruntime, got {candidate.backend}"
+        return None

@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from optimize.bench import BenchSettings, compare, measure, median_ci_rel_width
+from optimize.errors import InputError
+from optimize.inputs import resolve_inputs
+from optimize.runtimes import open_backend
+from optimize.runtimes.base import Backend, TensorSpec
+from optimize.stats import bootstrap_ratio_ci, summarize
+
+
+class CountingBackend(Backend):
+    """Runs no model: counts calls and returns its input, so the engine's logic is checked alone."""
+
+    kind: ClassVar[str] = "counting"
+
+    def __init__(self, work: int = 0) -> None:
+        super().__init__("none")
+        self.calls = 0
+        self.work = work
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return [TensorSpec("x", "float32", ("batch", 4))]
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return [TensorSpec("x", "float32", ("batch", 4))]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls += 1
+        total = 0
+        for i in range(self.work):  # real CPU work, proportional to `work`
+            total += i
+        return {"x": feeds["x"]}
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.kind}
+
+
+FEEDS = {"x": np.zeros((2, 4), dtype=np.float32)}
+
+
+def test_measure_counts_every_run_and_reports_schema_fields() -> None:
+    backend = CountingBackend()
+    settings = BenchSettings(warmup=5, min_runs=50, max_runs=50, max_time_s=60, target_ci_rel=None)
+    m = measure(backend, FEEDS, settings, label="count")
+    assert backend.calls == 55  # warm-up + timed, nothing else calls the model
+    data = m.to_json()
+    assert data["runs"] == 50 and len(data["samples_ms"]) == 50
+    assert data["batch_size"] == 2 and data["stopped_by"] == "runs"
+    lat = data["latency_ms"]
+    assert lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p999"] <= lat["max"]
+    assert lat["median_ci95"][0] <= lat["p50"] <= lat["median_ci95"][1]
+    assert data["throughput_per_s"] == pytest.approx(2 * 1000.0 / lat["mean"])
+
+
+def test_adaptive_stop_ends_early_on_a_steady_workload() -> None:
+    backend = CountingBackend(work=2000)
+    settings = BenchSettings(warmup=5, min_runs=30, max_runs=200000, max_time_s=30, target_ci_rel=0.5)
+    m = measure(backend, FEEDS, settings)
+    assert m.stopped_by == "ci"
+    assert median_ci_rel_width(sorted(m.samples_ms)) <= 0.5
+    assert len(m.samples_ms) < 200000
+
+
+def test_time_budget_stops_the_run() -> None:
+    settings = BenchSettings(warmup=1, min_runs=5, max_runs=10**9, max_time_s=0.2, target_ci_rel=None)
+    m = measure(CountingBackend(work=100), FEEDS, settings)
+    assert m.stopped_by == "time"
+    assert m.wall_s < 5
+
+
+def test_measure_checks_feeds_before_timing() -> None:
+    backend = CountingBackend()
+    with pytest.raises(InputError, match="unknown input 'y'"):
+        measure(backend, {"y": FEEDS["x"]})
+    assert backend.calls == 0
+
+
+def test_compare_sees_a_backend_that_does_more_work_as_slower() -> None:
+    fast, slow = CountingBackend(work=200), CountingBackend(work=20000)
+    settings = BenchSettings(
+        warmup=3, min_runs=30, max_runs=3000, max_time_s=3, target_ci_rel=0.05, chunk_s=0.02
+    )
+    result = compare(fast, slow, FEEDS, settings=settings, labels=("fast", "slow"))
+    assert result.ratio > 1.5
+    assert result.b_slower and not result.b_faster
+    assert result.chunks >= 4
+    # interleaved: both sides got runs in every chunk
+    assert fast.calls > 30 and slow.calls > 30
+
+
+def test_summarize_and_ratio_ci_on_known_distributions() -> None:
+    rng = np.random.default_rng(0)
+    base = rng.lognormal(0.0, 0.05, 2000)
+    stats = summarize(base)
+    assert stats["p50"] == pytest.approx(np.median(base))
+    assert stats["cv"] == pytest.approx(np.std(base, ddof=1) / np.mean(base))
+    ratio, lo, hi = bootstrap_ratio_ci(base, base * 1.3)
+    assert ratio == pytest.approx(1.3) and lo <= 1.3 <= hi and lo > 1.2
+    ratio, lo, hi = bootstrap_ratio_ci(base, rng.lognormal(0.0, 0.05, 2000))
+    assert lo < 1.0 < hi
+
+
+def test_measure_on_onnxruntime_model(tiny_model: Path) -> None:
+    _, feeds = resolve_inputs(tiny_model, {}, batch=3)
+    with open_backend("onnxruntime", tiny_model, {"intra_op_num_threads": 1}) as backend:
+        m = measure(backend, feeds, BenchSettings(warmup=2, min_runs=10, max_runs=10, target_ci_rel=None))
+        assert backend.describe()["config"]["intra_op_num_threads"] == 1
+    assert m.batch_size == 3 and len(m.samples_ms) == 10 and all(s > 0 for s in m.samples_ms)

@@ -1,0 +1,553 @@
+"""`lto gate`: verdicts and exit codes on samples with known distributions, outputs, baselines, --rerun."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from benchmarks.slow_model import add_extra_work, count_macs
+from optimize.errors import UsageError
+from optimize.gate import (
+    EXIT_CODES,
+    IMPROVED,
+    INCONCLUSIVE,
+    PASS,
+    REGRESSED,
+    GateSettings,
+    Side,
+    decide,
+    gate_reports,
+    parse_fraction,
+    pick_measurement,
+)
+from tests.cli_helpers import assert_clean_error, run_lto
+from tests.conftest import SAMPLES, make_matmul_model, sample_path
+
+SPEC = {
+    "seed": 0,
+    "data_file": None,
+    "data_sha256": None,
+    "inputs": [
+        {"name": "x", "dtype": "float32", "shape": [1, 16], "source": "generated", "generator": "normal"}
+    ],
+}
+
+
+def latencies(
+    n: int, scale: float = 1.0, sigma: float = 0.08, seed: int = 0, outliers: float = 0.01
+) -> np.ndarray:
+    """Realistic latency samples: log-normal around 2 ms * scale, plus rare 3x outliers (preemption)."""
+    rng = np.random.default_rng(seed)
+    x = 2.0 * scale * np.exp(rng.normal(0.0, sigma, n))
+    spikes = rng.random(n) < outliers
+    x[spikes] *= 3.0
+    return x
+
+
+def side(samples: np.ndarray, **kw: Any) -> Side:
+    defaults: dict[str, Any] = {
+        "name": "s",
+        "label": "m",
+        "fingerprint": "abcdef0123456789",
+        "input_spec": SPEC,
+    }
+    return Side(samples_ms=np.asarray(samples, dtype=np.float64), **{**defaults, **kw})
+
+
+# ------------------------------------------------------------------------------ the statistical core
+
+
+def test_exit_codes_are_distinct_and_avoid_cli_error_codes() -> None:
+    assert EXIT_CODES == {PASS: 0, IMPROVED: 10, REGRESSED: 11, INCONCLUSIVE: 12}
+
+
+@pytest.mark.parametrize(
+    "text,value", [("5%", 0.05), ("0.05", 0.05), (" 2.5 % ", 0.025), ("0", 0.0), ("1", 1.0)]
+)
+def test_parse_fraction(text: str, value: float) -> None:
+    assert parse_fraction(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["5", "abc", "-5%", "5%%", ""])
+def test_parse_fraction_rejects_ambiguous_or_bad(text: str) -> None:
+    with pytest.raises(UsageError):
+        parse_fraction(text)
+
+
+def test_equal_distributions_pass() -> None:
+    r = decide(side(latencies(2000, seed=1)), side(latencies(2000, seed=2)))
+    assert r.verdict == PASS and r.exit_code == 0
+    assert r.change_ci95 is not None and r.change_ci95[0] < 0 < r.change_ci95[1]
+    assert "within the 5% budget" in r.reason
+
+
+def test_shift_of_20_percent_regresses() -> None:
+    r = decide(side(latencies(2000, seed=1)), side(latencies(2000, 1.2, seed=2)))
+    assert r.verdict == REGRESSED and r.exit_code == 11
+    assert r.change == pytest.approx(0.2, abs=0.02)
+    assert r.change_ci95 is not None and r.change_ci95[0] > 0.05
+    assert r.p_slower is not None and r.p_slower < 1e-6
+    assert "beyond the 5% budget" in r.reason
+
+
+def test_shift_of_minus_20_percent_improves() -> None:
+    r = decide(side(latencies(2000, seed=1)), side(latencies(2000, 0.8, seed=2)))
+    assert r.verdict == IMPROVED and r.exit_code == 10
+    assert r.change == pytest.approx(-0.2, abs=0.02)
+
+
+def test_significant_but_tiny_change_passes_a_5_percent_budget() -> None:
+    # n = 5000, 0.5% spread: a +0.3% shift is highly significant but far inside the budget.
+    base = latencies(5000, sigma=0.005, seed=1, outliers=0)
+    cand = latencies(5000, 1.003, sigma=0.005, seed=2, outliers=0)
+    r = decide(side(base), side(cand))
+    assert r.p_slower is not None and r.p_slower < 1e-6
+    assert r.verdict == PASS
+    assert "a significant change, but within the 5% budget" in r.reason
+    # ... and the same samples do fail a budget smaller than the change.
+    assert decide(side(base), side(cand), GateSettings(max_regression=0.001)).verdict == REGRESSED
+
+
+def test_noise_is_inconclusive_never_regressed() -> None:
+    r = decide(side(latencies(30, sigma=0.5, seed=1)), side(latencies(30, 1.05, sigma=0.5, seed=2)))
+    assert r.verdict == INCONCLUSIVE and r.exit_code == 12
+    assert "too noisy" in r.reason and "straddles" in r.reason
+
+
+def test_different_fingerprints_are_inconclusive_even_with_a_big_shift() -> None:
+    r = decide(
+        side(latencies(500, seed=1)), side(latencies(500, 2.0, seed=2), fingerprint="ffffffffffffffff")
+    )
+    assert r.verdict == INCONCLUSIVE
+    assert "different machines" in r.reason and "ffffffffffffffff" in r.reason
+    assert r.change is None  # nothing was compared
+
+
+def test_different_inputs_are_inconclusive() -> None:
+    other = json.loads(json.dumps(SPEC))
+    other["inputs"][0]["shape"] = [1, 32]
+    r = decide(side(latencies(500, seed=1)), side(latencies(500, seed=2), input_spec=other))
+    assert r.verdict == INCONCLUSIVE
+    assert "different inputs" in r.reason and "shape" in r.reason
+
+
+def test_input_spec_path_and_note_do_not_matter_but_data_hash_does() -> None:
+    a = {**SPEC, "data_file": "/ci/a/inputs.npz", "data_sha256": "1" * 64}
+    b = {**SPEC, "data_file": "/ci/b/inputs.npz", "data_sha256": "1" * 64}
+    assert (
+        decide(side(latencies(500, seed=1), input_spec=a), side(latencies(500, seed=2), input_spec=b)).verdict
+        == PASS
+    )
+    c = {**b, "data_sha256": "2" * 64}
+    r = decide(side(latencies(500, seed=1), input_spec=a), side(latencies(500, seed=2), input_spec=c))
+    assert r.verdict == INCONCLUSIVE and "data_sha256" in r.reason
+
+
+def test_different_batch_sizes_are_inconclusive() -> None:
+    r = decide(side(latencies(500, seed=1)), side(latencies(500, seed=2), batch_size=8))
+    assert r.verdict == INCONCLUSIVE and "batch sizes (1 vs 8)" in r.reason
+
+
+def test_too_few_samples_are_inconclusive() -> None:
+    r = decide(side(latencies(5, seed=1)), side(latencies(500, 3.0, seed=2)))
+    assert r.verdict == INCONCLUSIVE and "too few samples" in r.reason
+
+
+@pytest.mark.parametrize("metric", ["p50", "p90", "p99", "throughput"])
+def test_every_metric_sees_a_20_percent_slowdown(metric: str) -> None:
+    # Spikes in 0.3% of runs: rarer than 1%, so p99 measures the bulk's tail, not the spikes.
+    base, cand = latencies(3000, seed=1, outliers=0.003), latencies(3000, 1.2, seed=2, outliers=0.003)
+    r = decide(side(base), side(cand), GateSettings(metric=metric))
+    assert r.verdict == REGRESSED, r.reason
+    if metric == "throughput":
+        # throughput = 1000 * batch / mean latency: 20% slower is ~16.7% less throughput.
+        assert r.ratio == pytest.approx(1 / 1.2, abs=0.02)
+        assert r.candidate_value is not None and r.baseline_value is not None
+        assert r.candidate_value < r.baseline_value
+        assert "throughput" in r.reason and "lower" in r.reason
+
+
+def test_tail_only_change_is_not_called_a_regression_without_a_shift() -> None:
+    # Same bulk, but 3% of the candidate's runs hit 4x spikes: p99 moves, the ranks hardly do.
+    base = latencies(3000, seed=1, outliers=0)
+    cand = latencies(3000, seed=2, outliers=0)
+    cand[np.random.default_rng(3).random(cand.size) < 0.03] *= 4.0
+    r = decide(side(base), side(cand), GateSettings(metric="p99"))
+    assert r.change is not None and r.change > 0.5
+    assert r.verdict == INCONCLUSIVE and "not significantly shifted" in r.reason
+
+
+def test_same_inputs_give_the_same_verdict_and_figures() -> None:
+    a, b = latencies(800, seed=1), latencies(800, 1.04, seed=2)
+    r1, r2 = decide(side(a), side(b)), decide(side(a), side(b))
+    assert (r1.verdict, r1.change_ci95) == (r2.verdict, r2.change_ci95)
+
+
+def test_error_rates_on_known_distributions() -> None:
+    """Over 100 trials: no false alarm for identical distributions, no miss for a 15% shift."""
+    settings = GateSettings(resamples=500)
+    false_alarms = misses = 0
+    for trial in range(100):
+        base = latencies(300, sigma=0.1, seed=10_000 + trial)
+        same = latencies(300, sigma=0.1, seed=20_000 + trial)
+        slower = latencies(300, 1.15, sigma=0.1, seed=30_000 + trial)
+        false_alarms += decide(side(base), side(same), settings).verdict == REGRESSED
+        misses += decide(side(base), side(slower), settings).verdict != REGRESSED
+    assert false_alarms == 0
+    assert misses <= 5
+
+
+def chunked(k: int, per: int, scale: float, chunk_sigma: float, seed: int) -> np.ndarray:
+    """Interleaved-style samples: k chunks, each slowed by its own load factor (bursts of other jobs)."""
+    rng = np.random.default_rng(seed)
+    factors = np.exp(rng.normal(0.0, chunk_sigma, k))
+    return (2.0 * scale * factors[:, None] * np.exp(rng.normal(0.0, 0.03, (k, per)))).ravel()
+
+
+def test_chunk_bootstrap_keeps_load_bursts_from_becoming_verdicts() -> None:
+    """Runs within a chunk share the machine's load, so they are not independent samples.
+
+    Resampling single runs gives a CI that is far too narrow and calls identical models
+    "improved" or "regressed"; resampling chunk pairs does not.
+    """
+    wrong_by_chunks = wrong_by_runs = 0
+    for seed in range(40):
+        a, b = chunked(12, 100, 1.0, 0.1, 1000 + seed), chunked(12, 100, 1.0, 0.1, 5000 + seed)
+        by_chunks = decide(side(a, chunks=12), side(b, chunks=12), GateSettings(resamples=500))
+        by_runs = decide(side(a), side(b), GateSettings(resamples=500))
+        assert by_chunks.ci_method == "AB/BA bootstrap over 12 interleaved chunk pairs"
+        assert by_runs.ci_method == "bootstrap over runs"
+        wrong_by_chunks += by_chunks.verdict in (REGRESSED, IMPROVED)
+        wrong_by_runs += by_runs.verdict in (REGRESSED, IMPROVED)
+    assert wrong_by_chunks == 0
+    assert wrong_by_runs > 0  # why the chunks matter
+
+
+def test_chunk_bootstrap_still_sees_a_real_slowdown() -> None:
+    a, b = chunked(30, 50, 1.0, 0.05, 1), chunked(30, 50, 1.2, 0.05, 2)
+    r = decide(side(a, chunks=30), side(b, chunks=30))
+    assert r.verdict == REGRESSED, r.reason
+
+
+def order_effect(k: int, scale_b: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """One run per side per chunk; whichever side runs second in a chunk is 4x slower.
+
+    That is what a loaded machine did to interleaved runs here. A runs first in even chunks.
+    """
+    rng = np.random.default_rng(seed)
+    a = 2.0 * np.exp(rng.normal(0.0, 0.03, k))
+    b = 2.0 * scale_b * np.exp(rng.normal(0.0, 0.03, k))
+    second = np.arange(k) % 2
+    return a * np.where(second == 1, 4.0, 1.0), b * np.where(second == 0, 4.0, 1.0)
+
+
+def test_crossover_cancels_which_side_ran_second() -> None:
+    for seed in range(5):
+        a, b = order_effect(41, 1.0, seed)  # odd k: one more chunk with A first
+        same = decide(side(a, chunks=41), side(b, chunks=41))
+        assert same.verdict == PASS and abs(same.change or 1) < 0.02, same.reason
+        a, b = order_effect(41, 1.2, seed)
+        assert decide(side(a, chunks=41), side(b, chunks=41)).verdict == REGRESSED
+
+
+def test_too_few_chunks_are_inconclusive() -> None:
+    a, b = chunked(4, 100, 1.0, 0.01, 1), chunked(4, 100, 2.0, 0.01, 2)
+    r = decide(side(a, chunks=4), side(b, chunks=4))
+    assert r.verdict == INCONCLUSIVE and "too few interleaved chunks (4" in r.reason
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(UsageError, match="unknown metric"):
+        GateSettings(metric="p75")
+    with pytest.raises(UsageError, match="alpha"):
+        GateSettings(alpha=0.9)
+
+
+def test_pick_measurement_prefers_label_then_final_then_last() -> None:
+    report = {"results": [{"label": "original"}, {"label": "final"}, {"label": "fused"}]}
+    assert pick_measurement(report)["label"] == "final"
+    assert pick_measurement({"results": report["results"][::2]})["label"] == "fused"
+    assert pick_measurement(report, "original")["label"] == "original"
+    with pytest.raises(UsageError, match="no measurement labelled 'nope'"):
+        pick_measurement(report, "nope")
+    # An optimize report: the shipped artifact's row from the final side-by-side comparison.
+    optimized = {
+        "optimize": {"best": {"label": "ort-extended"}},
+        "results": [
+            {"label": "baseline"},
+            {"label": "ort-extended"},
+            {"label": "quantize-int8"},  # measured after, rejected
+            {"label": "baseline (final comparison)"},
+            {"label": "ort-extended (final comparison)"},
+        ],
+    }
+    assert pick_measurement(optimized)["label"] == "ort-extended (final comparison)"
+    optimized["results"] = optimized["results"][:3]
+    assert pick_measurement(optimized)["label"] == "ort-extended"
+
+
+# ------------------------------------------------------------------------------ reports through the CLI
+
+
+def write_bench_report(
+    path: Path,
+    samples: np.ndarray,
+    *,
+    fingerprint: str | None = None,
+    labels: tuple[str, ...] = ("mlp@b1",),
+    batch: int = 1,
+    spec: dict[str, Any] | None = None,
+    model: str = "models/mlp.onnx",
+) -> Path:
+    from optimize.bench import Measurement
+    from optimize.report import new_report, write_report
+
+    report = new_report("bench", input_spec=spec or SPEC)
+    report["model"] = {"path": model, "sha256": "0" * 64, "size_bytes": 1}
+    if fingerprint:
+        report["environment"]["fingerprint"] = fingerprint
+    report["results"] = [
+        Measurement(label, "onnxruntime", batch, [float(s) for s in samples], 10, 1.0, "runs", 0.0).to_json()
+        for label in labels
+    ]
+    write_report(path, report)
+    return path
+
+
+@pytest.fixture
+def reports(tmp_path: Path) -> dict[str, Path]:
+    return {
+        "base": write_bench_report(tmp_path / "base.json", latencies(600, seed=1, outliers=0.003)),
+        "same": write_bench_report(tmp_path / "same.json", latencies(600, seed=2, outliers=0.003)),
+        "slow": write_bench_report(tmp_path / "slow.json", latencies(600, 1.25, seed=3, outliers=0.003)),
+        "fast": write_bench_report(tmp_path / "fast.json", latencies(600, 0.75, seed=4, outliers=0.003)),
+        "other_machine": write_bench_report(
+            tmp_path / "other.json", latencies(600, seed=5, outliers=0.003), fingerprint="0123456789abcdef"
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "which,code,verdict", [("same", 0, "pass"), ("slow", 11, "regressed"), ("fast", 10, "improved"),
+                           ("other_machine", 12, "inconclusive")]
+)  # fmt: skip
+def test_cli_exit_codes_and_json(reports: dict[str, Path], which: str, code: int, verdict: str) -> None:
+    proc = run_lto("gate", "--baseline", reports["base"], "--candidate", reports[which], "--json")
+    assert proc.returncode == code, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["verdict"] == verdict and data["exit_code"] == code
+    assert data["metric"] == "p50" and data["settings"]["max_regression"] == 0.05
+    assert data["baseline"]["runs"] == 600 and data["candidate"]["name"] == str(reports[which])
+    assert isinstance(data["reason"], str) and "\n" not in data["reason"]
+
+
+def test_cli_table_and_markdown(reports: dict[str, Path], tmp_path: Path) -> None:
+    summary = tmp_path / "summary.md"
+    proc = run_lto(
+        "gate", "-b", reports["base"], "-c", reports["slow"], "--max-regression", "0.1", "--markdown", summary
+    )
+    assert proc.returncode == 11
+    assert "regressed" in proc.stdout and "beyond the 10% budget" in proc.stdout
+    text = summary.read_text()
+    assert text.startswith("## ❌ lto gate: regressed (exit 11)")
+    assert "| p50 |" in text and "| runs | 600 | 600 |" in text and "beyond the 10% budget" in text
+
+
+def test_cli_output_is_a_valid_gate_report(reports: dict[str, Path], tmp_path: Path) -> None:
+    from optimize.report import load_report, render_markdown
+
+    out = tmp_path / "gate.json"
+    proc = run_lto("gate", "-b", reports["base"], "-c", reports["same"], "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    report = load_report(out)  # validates against the schema
+    assert report["kind"] == "gate" and report["gate"]["verdict"] == "pass"
+    assert "lto gate: pass" in render_markdown(report)
+
+
+def test_metric_and_budget_options(reports: dict[str, Path]) -> None:
+    # 25% slower fails a 5% budget and passes a 50% one, on every metric.
+    for metric in ("p50", "p90", "p99", "throughput"):
+        strict = gate_reports(reports["slow"], baseline_file=reports["base"], settings=GateSettings(metric))
+        loose = gate_reports(
+            reports["slow"], baseline_file=reports["base"], settings=GateSettings(metric, max_regression=0.5)
+        )
+        assert (strict.verdict, loose.verdict) == (REGRESSED, PASS), (metric, strict.reason, loose.reason)
+    proc = run_lto("gate", "-b", reports["base"], "-c", reports["slow"], "-m", "p99",
+                   "--max-regression", "50%", "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["metric"] == "p99"
+
+
+def test_cli_picks_the_final_measurement_or_the_label(tmp_path: Path) -> None:
+    samples = latencies(400, seed=1)
+    base = write_bench_report(tmp_path / "b.json", samples)
+    # An optimize-style report: "original" is slow, "final" is the shipped artifact.
+    write_bench_report(tmp_path / "c.json", latencies(400, seed=2), labels=("original", "final"))
+    report = json.loads((tmp_path / "c.json").read_text())
+    report["results"][0]["samples_ms"] = [s * 2 for s in report["results"][0]["samples_ms"]]
+    (tmp_path / "c.json").write_text(json.dumps(report))
+    assert gate_reports(tmp_path / "c.json", baseline_file=base).verdict == PASS
+    picked = gate_reports(tmp_path / "c.json", baseline_file=base, label="original", baseline_label="mlp@b1")
+    assert (
+        picked.verdict == REGRESSED and picked.candidate is not None and picked.candidate.label == "original"
+    )
+    assert_clean_error(
+        run_lto("gate", "-b", base, "-c", tmp_path / "c.json", "--label", "nope"),
+        2,
+        "no measurement labelled",
+    )
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--max-regression", "5"], "ambiguous --max-regression"),
+        (["--metric", "p75"], "unknown metric"),
+        (["--update-baseline"], "--update-baseline needs --baseline-dir"),
+        (["--shape", "x=1x16"], "apply to --rerun only"),
+    ],
+)
+def test_cli_usage_errors(reports: dict[str, Path], args: list[str], needle: str) -> None:
+    assert_clean_error(run_lto("gate", "-b", reports["base"], "-c", reports["same"], *args), 2, needle)
+
+
+def test_cli_missing_or_sampleless_reports(reports: dict[str, Path], tmp_path: Path) -> None:
+    assert_clean_error(run_lto("gate", "-b", tmp_path / "nope.json", "-c", reports["same"]), 2, "not found")
+    report = json.loads(reports["same"].read_text())
+    report["results"][0]["samples_ms"] = [1.0]
+    (tmp_path / "one.json").write_text(json.dumps(report))
+    proc = run_lto("gate", "-b", reports["base"], "-c", tmp_path / "one.json")
+    assert proc.returncode == 12 and "too few samples" in proc.stdout
+
+
+# ------------------------------------------------------------------------------ baselines per machine
+
+
+def test_baseline_dir_lifecycle(reports: dict[str, Path], tmp_path: Path) -> None:
+    from optimize.env import machine_fingerprint
+
+    bdir = tmp_path / "baselines"
+    stored = bdir / machine_fingerprint() / "mlp.json"
+
+    def gate(which: str, update: bool = False, force: bool = False) -> str:
+        result = gate_reports(
+            reports[which], baseline_dir=bdir, update_baseline=update, force_update_baseline=force
+        )
+        return result.verdict
+
+    def stored_results() -> list:
+        return json.loads(stored.read_text())["results"]
+
+    def results_of(which: str) -> list:
+        return json.loads(reports[which].read_text())["results"]
+
+    # No baseline yet: inconclusive (exit 12); --update-baseline stores the candidate.
+    proc = run_lto("gate", "--baseline-dir", bdir, "-c", reports["base"], "--json")
+    assert proc.returncode == 12 and "no baseline stored" in json.loads(proc.stdout)["reason"]
+    assert not stored.exists()
+    proc = run_lto("gate", "--baseline-dir", bdir, "-c", reports["base"], "--update-baseline", "--json")
+    assert proc.returncode == 12 and json.loads(proc.stdout)["baseline_written"] == str(stored)
+    assert stored_results() == results_of("base")
+
+    # A pass or a regression does not move the baseline, so small slowdowns cannot creep in.
+    assert gate("same", update=True) == PASS
+    assert gate("slow", update=True) == REGRESSED
+    assert stored_results() == results_of("base")
+
+    # An improvement does; the next comparison is against it.
+    assert gate("fast", update=True) == IMPROVED
+    assert stored_results() == results_of("fast")
+    assert gate("same") == REGRESSED
+
+    # --force-update-baseline accepts even a regression, on purpose.
+    assert gate("slow", force=True) == REGRESSED
+    assert stored_results() == results_of("slow")
+    assert sorted(p.name for p in stored.parent.iterdir()) == ["mlp.json"]  # atomic: no temp files left
+
+
+def test_baseline_dir_keeps_machines_apart(reports: dict[str, Path], tmp_path: Path) -> None:
+    bdir = tmp_path / "baselines"
+    assert gate_reports(reports["base"], baseline_dir=bdir, update_baseline=True).baseline_written
+    # Another machine's report finds no baseline of its own rather than this machine's.
+    other = gate_reports(reports["other_machine"], baseline_dir=bdir)
+    assert other.verdict == INCONCLUSIVE and "no baseline stored" in other.reason
+    assert other.baseline_file == str(bdir / "0123456789abcdef" / "mlp.json")
+    assert_clean_error(
+        run_lto("gate", "--baseline-dir", bdir, "-c", reports["base"], "--name", "../escape"),
+        2,
+        "bad baseline name",
+    )
+    assert_clean_error(
+        run_lto("gate", "-b", reports["base"], "--baseline-dir", bdir, "-c", reports["same"]),
+        2,
+        "exactly one",
+    )
+
+
+# ------------------------------------------------------------------------------ real measurements
+
+
+@pytest.mark.parametrize("name,shape", [("mlp_small.onnx", (2, 256)), ("resnet_tiny.onnx", (2, 3, 64, 64))])
+def test_slower_model_keeps_outputs_and_adds_work(tmp_path: Path, name: str, shape: tuple[int, ...]) -> None:
+    model = onnx.load(str(sample_path(name)))
+    slow, layers = add_extra_work(model, 0.15)
+    assert layers >= 1
+    assert count_macs(slow) / count_macs(model) - 1 == pytest.approx(0.15, abs=0.02)
+    onnx.save(slow, str(tmp_path / "slow.onnx"))
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    a = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    b = ort.InferenceSession(str(tmp_path / "slow.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {a.get_inputs()[0].name: x}
+    for out_a, out_b in zip(a.run(None, feeds), b.run(None, feeds), strict=True):
+        np.testing.assert_array_equal(out_a, out_b)
+
+
+def _model(tmp_path: Path) -> Path:
+    path = SAMPLES / "mlp_small.onnx"
+    return path if path.exists() else make_matmul_model(tmp_path / "mlp.onnx", 256, 10)
+
+
+def test_rerun_model_against_itself_is_not_regressed(tmp_path: Path) -> None:
+    model = _model(tmp_path)
+    summary = tmp_path / "s.md"
+    proc = run_lto("gate", "--rerun", "-b", model, "-c", model, "--shape", "batch=1", "--time", "2",
+                   "--json", "--markdown", summary)  # fmt: skip
+    assert proc.returncode in (0, 12), (proc.stdout, proc.stderr)
+    data = json.loads(proc.stdout)
+    assert data["verdict"] in ("pass", "inconclusive")
+    assert data["interleaved_runs"][0]["run"] == 1 and data["baseline"]["runs"] >= 20
+    if data["change"] is not None:  # decided on chunk pairs, not on single runs
+        assert "interleaved chunk pairs" in data["ci_method"]
+    assert "lto gate:" in summary.read_text()
+
+
+def test_rerun_flags_a_much_slower_model(tmp_path: Path) -> None:
+    model = _model(tmp_path)
+    slow = tmp_path / "slow.onnx"
+    onnx.save(add_extra_work(onnx.load(str(model)), 3.0)[0], str(slow))
+    out = tmp_path / "gate.json"
+    proc = run_lto("gate", "--rerun", "-b", model, "-c", slow, "--shape", "batch=1", "--time", "3",
+                   "--json", "-o", out)  # fmt: skip
+    data = json.loads(proc.stdout)
+    assert proc.returncode == 11, (data["reason"], proc.stderr)
+    assert [r["run"] for r in data["interleaved_runs"]] == [1, 2]  # confirmed by a second interleaved run
+    assert "confirmed" in data["reason"]
+    from optimize.report import load_report
+
+    report = load_report(out)
+    assert report["kind"] == "gate" and len(report["results"]) == 2 and report["comparison"]["chunks"] >= 4
+
+
+def test_rerun_usage_errors(tmp_path: Path) -> None:
+    model = _model(tmp_path)
+    assert_clean_error(run_lto("gate", "--rerun", "-c", model), 2, "--rerun needs --baseline")
+    assert_clean_error(
+        run_lto("gate", "--rerun", "-b", model, "-c", model, "--update-baseline"), 2, "apply to reports"
+    )
+    assert_clean_error(run_lto("gate", "--rerun", "-b", tmp_path / "nope.onnx", "-c", model), 2, "not found")

@@ -1,0 +1,612 @@
+"""The pipeline's decisions: kept, rejected (slower / inaccurate), skipped, failed; verdicts and exit codes.
+
+Stages here are tiny fakes handed to the pipeline through its stage factory. Most tests also hand
+it a fake comparison function (the measuring seam): synthetic latency samples per candidate label,
+so decisions are deterministic and no test depends on timing. One test uses the real benchmark
+engine on a candidate that does hundreds of times the work, and asserts only the decision.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from optimize.accuracy import check, compare_outputs
+from optimize.artifact import load_artifact
+from optimize.bench import Comparison, Measurement
+from optimize.errors import UsageError
+from optimize.pipeline import (
+    EXIT_TARGET_MET,
+    EXIT_TARGET_MISSED,
+    OptimizeRequest,
+    PipelineResult,
+    optimize,
+    parse_duration,
+    partial_report_path,
+)
+from optimize.recipes import Thresholds
+from optimize.report import load_report
+from optimize.runtimes import STAGES, load_stage
+from optimize.stage import Candidate, Stage, StageContext, StageSkipped
+from optimize.stats import bootstrap_ratio_ci
+from tests.cli_helpers import run_lto
+from tests.conftest import make_matmul_model
+
+# --- fakes -------------------------------------------------------------------------------------
+
+Make = Callable[[Candidate, StageContext], list[Candidate]]
+
+
+class FakeStage(Stage):
+    name = "fake"
+
+    def __init__(self, make: Make | None = None, skip: str | None = None) -> None:
+        self.make = make
+        self.skip = skip
+        self.calls = 0
+
+    def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
+        return self.skip
+
+    def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
+        self.calls += 1
+        assert self.make is not None
+        return self.make(candidate, ctx)
+
+
+def model_candidate(label: str, **model_kw: Any) -> Make:
+    """A stage whose candidate is the tiny model rebuilt with `model_kw` (same outputs unless seeded)."""
+
+    def make(candidate: Candidate, ctx: StageContext) -> list[Candidate]:
+        path = make_matmul_model(ctx.workdir / f"{label}.onnx", **model_kw)
+        return [Candidate(label=label, model_path=path, runtime_config={"intra_op_num_threads": 1})]
+
+    return make
+
+
+def raising(exc: BaseException) -> Make:
+    def make(candidate: Candidate, ctx: StageContext) -> list[Candidate]:
+        raise exc
+
+    return make
+
+
+def renamed_input(candidate: Candidate, ctx: StageContext) -> list[Candidate]:
+    model = onnx.load(str(candidate.model_path))
+    old = model.graph.input[0].name
+    model.graph.input[0].name = "z"
+    for node in model.graph.node:
+        node.input[:] = ["z" if i == old else i for i in node.input]
+    path = ctx.workdir / "renamed.onnx"
+    onnx.save(model, str(path))
+    return [Candidate(label="fake-inputs", model_path=path)]
+
+
+def unloadable(candidate: Candidate, ctx: StageContext) -> list[Candidate]:
+    path = ctx.workdir / "broken.onnx"
+    path.write_bytes(b"\x08\x07 this is not a model")
+    return [Candidate(label="fake-broken", model_path=path)]
+
+
+class FakeBench:
+    """The measuring seam: latency samples drawn around a per-label centre (ms)."""
+
+    def __init__(
+        self, speeds: dict[str, float], noise: float = 0.02, script: list[float] | None = None
+    ) -> None:
+        self.speeds = speeds
+        self.noise = noise
+        self.script = script  # B's centre for the n-th comparison, overriding `speeds`
+        self.compared: list[tuple[str, str]] = []
+
+    def samples(self, label: str, seed: int, centre: float | None = None) -> list[float]:
+        rng = np.random.default_rng(seed)
+        centre = self.speeds[label] if centre is None else centre
+        return list(centre * (1.0 + self.noise * rng.standard_normal(300)))
+
+    def _measurement(self, label: str, seed: int, centre: float | None = None) -> Measurement:
+        return Measurement(label, "onnxruntime", 1, self.samples(label, seed, centre), 0, 0.1, "runs", 0.0)
+
+    def measure(self, backend: Any, feeds: Any, settings: Any, label: str, **kw: Any) -> Measurement:
+        return self._measurement(label, 0)
+
+    def compare(
+        self,
+        a: Any,
+        b: Any,
+        fa: Any,
+        fb: Any,
+        settings: Any,
+        labels: tuple[str, str],
+        metric: str = "p50",
+        **kw: Any,
+    ) -> Comparison:
+        self.compared.append(labels)
+        n = len(self.compared)
+        centre = self.script[n - 1] if self.script and n <= len(self.script) else None
+        ma, mb = self._measurement(labels[0], n), self._measurement(labels[1], 1000 + n, centre)
+        ratio, lo, hi = bootstrap_ratio_ci(ma.samples_ms, mb.samples_ms, metric=metric, n=500)
+        return Comparison(ma, mb, metric, ratio, (lo, hi), 8)
+
+
+def write_recipe(tmp_path: Path, order: list[str], extra: str = "") -> Path:
+    path = tmp_path / "test-recipe.toml"
+    path.write_text(
+        f"order = {json.dumps(order)}\n{extra}\n[accuracy]\nsamples = 4\n"
+        "[bench]\nwarmup = 2\nmin_runs = 10\nmax_runs = 300\nmax_time_s = 1.0\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def run_fake(
+    tmp_path: Path,
+    stages: dict[str, Stage],
+    speeds: dict[str, float],
+    extra_recipe: str = "",
+    bench: FakeBench | None = None,
+    **request_kw: Any,
+) -> tuple[PipelineResult, FakeBench]:
+    model = make_matmul_model(tmp_path / "tiny.onnx")
+    recipe = write_recipe(tmp_path, list(stages), extra_recipe)
+    bench = bench or FakeBench({"baseline": 1.0, **speeds})
+
+    def factory(name: str) -> Stage:
+        stage = stages[name]
+        if isinstance(stage, StageSkipped):
+            raise stage
+        return stage
+
+    request = OptimizeRequest(model_path=model, recipe=str(recipe), out_dir=tmp_path / "out", **request_kw)
+    result = optimize(request, stage_factory=factory, measure_fn=bench.measure, compare_fn=bench.compare,
+                      known_stages=list(stages))  # fmt: skip
+    return result, bench
+
+
+def by_label(result: PipelineResult) -> dict[str, Any]:
+    return {r.label: r for r in result.records}
+
+
+# --- decisions ---------------------------------------------------------------------------------
+
+
+def test_every_kind_of_stage_decision(tmp_path: Path) -> None:
+    stages: dict[str, Any] = {
+        "fake-fast": FakeStage(model_candidate("fake-fast", extra_work=2)),
+        "fake-slow": FakeStage(model_candidate("fake-slow", extra_work=3)),
+        "fake-inaccurate": FakeStage(model_candidate("fake-inaccurate", seed=7)),
+        "fake-not-applicable": FakeStage(skip="no attention in this graph"),
+        "fake-declines": FakeStage(raising(StageSkipped("unsupported op Loop"))),
+        "fake-raises": FakeStage(raising(RuntimeError("boom in the stage"))),
+        "fake-missing": StageSkipped("needs the Python package 'tvm', which is not installed"),
+        "fake-empty": FakeStage(lambda c, ctx: []),
+        "fake-inputs": FakeStage(renamed_input),
+        "fake-broken": FakeStage(unloadable),
+    }
+    result, bench = run_fake(tmp_path, stages, {"fake-fast": 0.5, "fake-slow": 0.9}, target_ms=10.0)
+    rows = by_label(result)
+    assert rows["baseline"].status == "baseline"
+    assert rows["fake-fast"].status == "kept"
+    assert rows["fake-fast"].speedup == pytest.approx(2.0, rel=0.05)
+    assert rows["fake-slow"].status == "rejected"
+    assert rows["fake-slow"].reason.startswith("slower than fake-fast")
+    assert rows["fake-slow"].ratio > 1 and rows["fake-slow"].ratio_ci95[0] > 1
+    assert rows["fake-inaccurate"].status == "rejected"
+    assert rows["fake-inaccurate"].reason.startswith("inaccurate: output 'y'")
+    assert rows["fake-not-applicable"].status == "skipped"
+    assert rows["fake-not-applicable"].reason == "no attention in this graph"
+    assert rows["fake-declines"].status == "skipped" and rows["fake-declines"].reason == "unsupported op Loop"
+    assert rows["fake-raises"].status == "failed"
+    assert "RuntimeError: boom in the stage" in rows["fake-raises"].reason
+    assert rows["fake-missing"].status == "skipped" and "'tvm'" in rows["fake-missing"].reason
+    assert rows["fake-empty"].status == "skipped" and "no candidate" in rows["fake-empty"].reason
+    assert (
+        rows["fake-inputs"].status == "rejected"
+        and "changed the model's inputs" in rows["fake-inputs"].reason
+    )
+    assert rows["fake-broken"].status == "failed" and "does not load" in rows["fake-broken"].reason
+    # Only accurate, loadable candidates are benchmarked; a win is confirmed on fresh sessions;
+    # the last comparison is the artifact against the baseline.
+    assert bench.compared == [
+        ("baseline", "fake-fast"),
+        ("baseline", "fake-fast"),
+        ("fake-fast", "fake-slow"),
+        ("baseline", "fake-fast"),
+    ]
+    assert "confirmed on fresh sessions" in rows["fake-fast"].reason
+
+    assert result.best.label == "fake-fast"
+    assert result.exit_code == EXIT_TARGET_MET
+    art = load_artifact(result.artifact_dir)
+    assert art.runtime_config == {"intra_op_num_threads": 1}
+    assert len(onnx.load(str(art.model_path)).graph.node) == len(
+        onnx.load(str(make_matmul_model(tmp_path / "ref.onnx", extra_work=2))).graph.node
+    )
+    report = load_report(result.artifact_dir / "report.json")  # validates against the schema
+    section = report["optimize"]
+    assert section["speedup"] == pytest.approx(2.0, rel=0.05)
+    assert section["best"]["kept_stages"] == ["fake-fast"]
+    assert [s["status"] for s in section["stages"]] == [r.status for r in result.records]
+    md = (result.artifact_dir / "report.md").read_text()
+    for label in rows:
+        assert f"| {label} |" in md
+    assert not partial_report_path(result.artifact_dir).exists()
+    assert not list(tmp_path.glob(".lto-work-*"))  # scratch space cleaned up
+
+
+def test_gain_below_the_minimum_improvement_is_rejected(tmp_path: Path) -> None:
+    stages: dict[str, Stage] = {"fake-bit-faster": FakeStage(model_candidate("fake-bit-faster"))}
+    bench = FakeBench({"baseline": 1.0, "fake-bit-faster": 0.99}, noise=0.001)
+    result, _ = run_fake(
+        tmp_path, stages, {}, bench=bench, extra_recipe="[decision]\nmin_improvement = 0.05\n"
+    )
+    row = by_label(result)["fake-bit-faster"]
+    assert row.status == "rejected"
+    assert row.ratio_ci95[1] < 1.0  # faster with confidence, but by less than the recipe asks
+    assert "below the recipe's 5% minimum" in row.reason
+    assert result.best.label == "baseline"
+
+
+def test_a_win_that_does_not_repeat_is_rejected(tmp_path: Path) -> None:
+    stages: dict[str, Stage] = {"fake-lucky": FakeStage(model_candidate("fake-lucky"))}
+    bench = FakeBench({"baseline": 1.0, "fake-lucky": 0.5}, script=[0.5, 1.0])
+    result, _ = run_fake(tmp_path, stages, {}, bench=bench)
+    row = by_label(result)["fake-lucky"]
+    assert row.status == "rejected"
+    assert "did not repeat on fresh sessions" in row.reason
+    assert row.details["comparison"]["ratio"] < 0.6 and row.details["confirmation"]["ratio"] > 0.9
+    assert result.best.label == "baseline"
+
+
+def test_final_comparison_loss_ships_the_original(tmp_path: Path) -> None:
+    stages: dict[str, Stage] = {"fake-fast": FakeStage(model_candidate("fake-fast", extra_work=1))}
+    bench = FakeBench({"baseline": 1.0, "fake-fast": 0.5}, script=[0.5, 0.5, 1.5])
+    result, _ = run_fake(tmp_path, stages, {}, bench=bench)
+    assert by_label(result)["fake-fast"].status == "kept"
+    assert result.best.label == "baseline"
+    section = result.report["optimize"]
+    assert section["speedup"] == 1.0 and section["final_comparison"]["ratio"] > 1.4
+    assert any(
+        "slower than the baseline in the final side-by-side comparison" in w for w in section["warnings"]
+    )
+    art = load_artifact(result.artifact_dir)
+    assert art.manifest["files"]["model.onnx"]["sha256"] == art.manifest["source_model"]["sha256"]
+
+
+def test_no_winner_still_gives_the_baseline_artifact(tmp_path: Path) -> None:
+    stages: dict[str, Stage] = {"fake-same": FakeStage(model_candidate("fake-same"))}
+    result, bench = run_fake(tmp_path, stages, {"fake-same": 1.0})
+    assert by_label(result)["fake-same"].status == "rejected"
+    assert "not faster than baseline with confidence" in by_label(result)["fake-same"].reason
+    assert result.best.label == "baseline"
+    assert bench.compared == [("baseline", "fake-same")]  # no final comparison of the baseline with itself
+    art = load_artifact(result.artifact_dir)
+    assert art.manifest["files"]["model.onnx"]["sha256"] == art.manifest["source_model"]["sha256"]
+    assert art.runtime_config == {}
+
+
+def test_target_missed_exit_code_and_verdict(tmp_path: Path) -> None:
+    stages: dict[str, Stage] = {"fake-fast": FakeStage(model_candidate("fake-fast"))}
+    result, _ = run_fake(tmp_path, stages, {"fake-fast": 0.5}, target_ms=0.1)
+    assert result.exit_code == EXIT_TARGET_MISSED == 3
+    assert result.verdict.startswith("target missed: best p50 0.")
+    assert result.verdict.endswith("> 0.1 ms")
+    assert result.report["optimize"]["target"]["met"] is False
+    assert load_artifact(result.artifact_dir).backend == "onnxruntime"  # still written
+
+
+def test_no_target_exits_zero(tmp_path: Path) -> None:
+    result, _ = run_fake(tmp_path, {"fake-fast": FakeStage(model_candidate("fake-fast"))}, {"fake-fast": 0.5})
+    assert result.exit_code == 0
+    assert result.verdict == "no target given"
+
+
+@pytest.mark.parametrize(
+    ("target", "mode", "runs", "reason"),
+    [
+        (10.0, "auto", False, "already meets the 10 ms target"),
+        (0.1, "auto", True, ""),
+        (None, "auto", True, ""),  # no target: the fastest accurate model is wanted
+        (10.0, "always", True, ""),
+        (0.1, "never", False, "--quantize never"),
+    ],
+)
+def test_quantization_runs_only_while_above_target(
+    tmp_path: Path, target: float | None, mode: str, runs: bool, reason: str
+) -> None:
+    quant = FakeStage(model_candidate("quantize:fake"))
+    extra = '[stages.quantize]\nrun_when = "above-target"\n'
+    result, _ = run_fake(tmp_path, {"quantize": quant}, {"quantize:fake": 0.5}, extra_recipe=extra,
+                         target_ms=target, quantize=mode)  # fmt: skip
+    assert quant.calls == (1 if runs else 0)
+    if not runs:
+        row = by_label(result)["quantize"]
+        assert row.status == "skipped" and reason in row.reason
+
+
+def test_stop_at_target(tmp_path: Path) -> None:
+    second = FakeStage(model_candidate("fake-second"))
+    stages: dict[str, Stage] = {"fake-first": FakeStage(model_candidate("fake-first")), "fake-second": second}
+    result, _ = run_fake(tmp_path, stages, {"fake-first": 0.5, "fake-second": 0.25}, target_ms=0.8,
+                         stop_at_target=True)  # fmt: skip
+    assert by_label(result)["fake-first"].status == "kept"
+    assert by_label(result)["fake-second"].status == "skipped"
+    assert "target met with 95% confidence" in by_label(result)["fake-second"].reason
+    assert second.calls == 0
+    assert result.exit_code == 0
+
+
+def test_time_budget_skips_the_remaining_stages(tmp_path: Path) -> None:
+    stage = FakeStage(model_candidate("fake-fast"))
+    result, _ = run_fake(tmp_path, {"fake-fast": stage}, {"fake-fast": 0.5}, time_budget_s=1e-9)
+    assert stage.calls == 0
+    assert "--time-budget is used up" in by_label(result)["fake-fast"].reason
+
+
+def test_disabled_and_enabled_stages(tmp_path: Path) -> None:
+    stage = FakeStage(model_candidate("fake-fast"))
+    extra = "[stages.fake-fast]\nenabled = false\n"
+    result, _ = run_fake(tmp_path, {"fake-fast": stage}, {"fake-fast": 0.5}, extra_recipe=extra)
+    assert (
+        "disabled in recipe test-recipe (turn on with --enable fake-fast)"
+        in by_label(result)["fake-fast"].reason
+    )
+    shutil.rmtree(tmp_path / "out")
+    result, _ = run_fake(
+        tmp_path, {"fake-fast": stage}, {"fake-fast": 0.5}, extra_recipe=extra, enable=["fake-fast"]
+    )
+    assert by_label(result)["fake-fast"].status == "kept"
+    with pytest.raises(UsageError, match="stage 'nope' is not in recipe"):
+        run_fake(tmp_path, {"fake-fast": stage}, {"fake-fast": 0.5}, disable=["nope"])
+
+
+def test_stage_gets_the_accuracy_service_and_context(tmp_path: Path) -> None:
+    seen: dict[str, Any] = {}
+
+    def make(candidate: Candidate, ctx: StageContext) -> list[Candidate]:
+        bad = Candidate("probe", make_matmul_model(ctx.workdir / "bad.onnx", seed=3))
+        seen["bad"] = ctx.check_accuracy(bad)
+        seen["good"] = ctx.check_accuracy(candidate)
+        seen["target"], seen["best"] = ctx.target_ms, ctx.best_latency_ms
+        seen["options"] = ctx.options
+        return []
+
+    extra = '[stages.quantize]\nmode = "static"\n'
+    run_fake(tmp_path, {"quantize": FakeStage(make)}, {}, extra_recipe=extra, target_ms=0.5,
+             calib_data=make_calib(tmp_path))  # fmt: skip
+    assert seen["good"].ok and not seen["bad"].ok and "cosine" in seen["bad"].reason
+    assert seen["target"] == 0.5 and seen["best"] == pytest.approx(1.0, rel=0.05)
+    assert seen["options"]["mode"] == "static"
+    assert seen["options"]["calib_data"].endswith("calib.npz")
+
+
+def test_stages_run_in_their_scratch_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Libraries that drop side files into the current directory must not litter the user's."""
+    user_dir = tmp_path / "user"
+    user_dir.mkdir()
+    monkeypatch.chdir(user_dir)
+
+    def litter(candidate: Candidate, ctx: StageContext) -> list[Candidate]:
+        Path("1234-uuid.data").write_bytes(b"side file")
+        make_matmul_model(Path("relative.onnx"), extra_work=1)
+        return [Candidate(label="fake-relative", model_path=Path("relative.onnx"))]
+
+    result, _ = run_fake(tmp_path, {"fake-relative": FakeStage(litter)}, {"fake-relative": 0.5})
+    assert by_label(result)["fake-relative"].status == "kept"
+    assert result.best.model_path.is_absolute()
+    assert list(user_dir.iterdir()) == []
+    assert load_artifact(result.artifact_dir).backend == "onnxruntime"
+
+
+def make_calib(tmp_path: Path) -> Path:
+    path = tmp_path / "calib.npz"
+    np.savez(path, x=np.zeros((4, 16), dtype=np.float32))
+    return path
+
+
+def test_external_data_goes_through_stages_into_the_artifact(tmp_path: Path) -> None:
+    from optimize.onnx_utils import save_model
+
+    src = tmp_path / "ext"
+    src.mkdir()
+    model = onnx.load(str(make_matmul_model(tmp_path / "plain.onnx", features=64, out=32)))
+    onnx.save_model(model, str(src / "tiny.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="tiny.onnx.data", size_threshold=0)  # fmt: skip
+
+    def rewrite(candidate: Candidate, ctx: StageContext) -> list[Candidate]:
+        loaded = onnx.load(str(candidate.model_path))  # weights read from the side file
+        path = ctx.workdir / "rewritten.onnx"
+        extra = save_model(loaded, path, external=True)
+        return [Candidate(label="fake-rewrite", model_path=path, extra_files=extra)]
+
+    stages = {"fake-rewrite": FakeStage(rewrite), "fake-raises": FakeStage(raising(ValueError("2 GB")))}
+    recipe = write_recipe(tmp_path, list(stages))
+    bench = FakeBench({"baseline": 1.0, "fake-rewrite": 0.5})
+    request = OptimizeRequest(model_path=src / "tiny.onnx", recipe=str(recipe), out_dir=tmp_path / "out")
+    result = optimize(request, stage_factory=stages.__getitem__, measure_fn=bench.measure,
+                      compare_fn=bench.compare, known_stages=list(stages))  # fmt: skip
+    assert by_label(result)["fake-raises"].reason == (
+        "ValueError: 2 GB (the model keeps its weights as external data)"
+    )
+    assert result.best.label == "fake-rewrite"
+    assert result.report["optimize"]["external_data"] is True
+    assert (
+        "- the model stores its weights as external data" in (result.artifact_dir / "report.md").read_text()
+    )
+    art = load_artifact(result.artifact_dir)
+    assert art.manifest["side_files"] == ["rewritten.onnx.data"]
+    import onnxruntime as ort
+
+    x = np.ones((1, 64), dtype=np.float32)
+    run = lambda p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]  # noqa: E731
+    np.testing.assert_array_equal(run(art.model_path), run(src / "tiny.onnx"))
+
+
+# --- interruption and crashes ------------------------------------------------------------------
+
+
+def test_ctrl_c_leaves_no_artifact_but_a_partial_report(tmp_path: Path) -> None:
+    stages: dict[str, Stage] = {
+        "fake-fast": FakeStage(model_candidate("fake-fast")),
+        "fake-interrupt": FakeStage(raising(KeyboardInterrupt())),
+    }
+    with pytest.raises(KeyboardInterrupt):
+        run_fake(tmp_path, stages, {"fake-fast": 0.5})
+    out = tmp_path / "out"
+    assert not out.exists()
+    partial = load_report(partial_report_path(out))
+    section = partial["optimize"]
+    assert section["partial"] is True and section["stopped_by"] == "interrupted by Ctrl-C (SIGINT)"
+    assert [s["label"] for s in section["stages"]] == ["baseline", "fake-fast"]
+    # The partial report names what the user could have had, with its figures.
+    best = section["best_so_far"]
+    assert best["label"] == "fake-fast"
+    assert "fake-fast" in best["summary"] and "x vs the baseline" in best["summary"]
+    assert section["stages"][1]["status"] == "kept"
+    assert not list(tmp_path.glob(".lto-work-*")) and not list(tmp_path.glob(".out.*"))
+
+
+def test_crash_in_measurement_leaves_a_partial_report(tmp_path: Path) -> None:
+    class Broken(FakeBench):
+        def measure(self, *a: Any, **kw: Any) -> Measurement:
+            raise RuntimeError("bench exploded")
+
+    with pytest.raises(RuntimeError):
+        run_fake(tmp_path, {"fake-fast": FakeStage(model_candidate("fake-fast"))}, {},
+                 bench=Broken({"baseline": 1.0}))  # fmt: skip
+    assert not (tmp_path / "out").exists()
+    data = json.loads(partial_report_path(tmp_path / "out").read_text())
+    assert data["optimize"]["stopped_by"] == "RuntimeError: bench exploded"
+
+
+# --- real measurement --------------------------------------------------------------------------
+
+
+def test_real_bench_rejects_a_much_slower_candidate(tmp_path: Path) -> None:
+    """No fakes in the measuring path: 300 extra MatMuls per run make the candidate slower by far."""
+    slow = FakeStage(model_candidate("fake-slow", extra_work=300))
+    model = make_matmul_model(tmp_path / "tiny.onnx")
+    recipe = write_recipe(tmp_path, ["fake-slow"])
+    request = OptimizeRequest(
+        model_path=model, recipe=str(recipe), out_dir=tmp_path / "out", target_ms=1000.0
+    )
+    result = optimize(request, stage_factory=lambda name: slow, known_stages=["fake-slow"])
+    row = by_label(result)["fake-slow"]
+    assert row.accuracy["ok"] is True  # same outputs: only speed can reject it
+    assert row.status == "rejected", row.reason
+    assert result.best.label == "baseline"
+    assert result.exit_code == 0
+    x = np.random.default_rng(5).standard_normal((1, 16)).astype(np.float32)
+    import onnxruntime as ort
+
+    art = load_artifact(result.artifact_dir)
+    got = ort.InferenceSession(str(art.model_path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, want)
+
+
+# --- stage registry ----------------------------------------------------------------------------
+
+
+def test_missing_stage_module_or_dependency_is_a_skip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(STAGES, "ghost", "optimize.runtimes.no_such_stage_module:Ghost")
+    with pytest.raises(StageSkipped, match="not available in this build"):
+        load_stage("ghost")
+    (tmp_path / "lto_test_stage_with_dep.py").write_text("import lto_no_such_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(STAGES, "needs-dep", "lto_test_stage_with_dep:Whatever")
+    with pytest.raises(StageSkipped, match="needs the Python package 'lto_no_such_dependency'"):
+        load_stage("needs-dep")
+    with pytest.raises(UsageError, match="unknown stage"):
+        load_stage("never-registered")
+
+
+# --- accuracy ----------------------------------------------------------------------------------
+
+
+def test_accuracy_figures_and_worst_case_over_samples() -> None:
+    rng = np.random.default_rng(0)
+    ref = [{"logits": rng.standard_normal((4, 10)).astype(np.float32)} for _ in range(3)]
+    same = check(ref, [dict(r) for r in ref], Thresholds())
+    assert same.ok and same.per_output["logits"]["cosine"] == pytest.approx(1.0)
+    assert same.per_output["logits"]["top1_agreement"] == 1.0
+    noisy = [{"logits": r["logits"] + 0.5} for r in ref[:2]] + [{"logits": -ref[2]["logits"]}]
+    per, problems = compare_outputs(ref, noisy)
+    assert not problems
+    assert per["logits"]["cosine"] < 0  # the worst sample (negated) decides
+    assert per["logits"]["max_abs"] == pytest.approx(float(np.abs(2 * ref[2]["logits"]).max()))
+    assert not check(ref, noisy, Thresholds()).ok
+
+
+def test_accuracy_structural_and_integer_problems() -> None:
+    ref = {"y": np.ones((2, 3), np.float32), "ids": np.arange(4)}
+    assert (
+        "has shape [3, 2]"
+        in check(ref, {"y": np.ones((3, 2), np.float32), "ids": np.arange(4)}, Thresholds()).reason
+    )
+    assert "is missing" in check(ref, {"y": ref["y"]}, Thresholds()).reason
+    assert "differs in 1 integer elements" in check(ref, {"y": ref["y"], "ids": np.array([0, 1, 2, 4])},
+                                                     Thresholds()).reason  # fmt: skip
+    nan = ref["y"].copy()
+    nan[0, 0] = np.nan
+    assert "NaN/inf" in check(ref, {"y": nan, "ids": ref["ids"]}, Thresholds()).reason
+
+
+def test_top1_counts_real_flips_and_near_ties_separately() -> None:
+    ref = np.array([[5.0, 4.999, 0.0], [5.0, 1.0, 0.0]], dtype=np.float32)
+    tie_flip = np.array([[4.999, 5.0, 0.0], [5.0, 1.0, 0.0]], dtype=np.float32)
+    real_flip = np.array([[5.0, 4.999, 0.0], [1.0, 5.0, 0.0]], dtype=np.float32)
+    loose = Thresholds(min_cosine=0.0, max_rel=None, min_top1=1.0, top1_tolerance=0.01)
+    strict = Thresholds(min_cosine=0.0, max_rel=None, min_top1=1.0, top1_tolerance=0.0)
+    result = check({"p": ref}, {"p": tie_flip}, loose)
+    assert result.ok and result.per_output["p"]["top1_agreement"] == 0.5
+    assert result.per_output["p"]["top1_agreement_tolerant"] == 1.0
+    assert not check({"p": ref}, {"p": tie_flip}, strict).ok
+    flipped = check({"p": ref}, {"p": real_flip}, loose)
+    assert not flipped.ok and "top-1 agreement outside near-ties 0.500 < 1.0" in flipped.reason
+
+
+def test_parse_duration() -> None:
+    assert parse_duration("90") == 90
+    assert parse_duration("90s") == 90
+    assert parse_duration("10m") == 600
+    assert parse_duration("1h30m") == 5400
+    with pytest.raises(UsageError, match="bad duration"):
+        parse_duration("ten minutes")
+
+
+# --- the command line --------------------------------------------------------------------------
+
+
+def test_cli_exit_codes_and_json(tmp_path: Path) -> None:
+    model = make_matmul_model(tmp_path / "tiny.onnx")
+    recipe = write_recipe(tmp_path, ["operator-fusion", "tvm-tune"], "[stages.tvm-tune]\nenabled = false\n")
+    out = tmp_path / "art"
+    met = run_lto("optimize", model, "--recipe", recipe, "-o", out, "--target-ms", "1000", "--json")
+    assert met.returncode == 0, met.stderr
+    report = json.loads(met.stdout)
+    assert report["kind"] == "optimize" and report["optimize"]["exit_code"] == 0
+    assert [s["stage"] for s in report["optimize"]["stages"]] == ["baseline", *[
+        s["stage"] for s in report["optimize"]["stages"][1:]]]  # fmt: skip
+    assert load_artifact(out).backend == "onnxruntime"
+
+    missed = run_lto("optimize", model, "--recipe", recipe, "-o", out, "--target-ms", "0.000001")
+    assert missed.returncode == 3, missed.stderr
+    assert "target missed" in missed.stdout and "stage" in missed.stdout
+
+    bad = write_recipe(tmp_path, ["operator-fusion"], '[stages.operator-fusion]\nspeed = "max"\n')
+    usage = run_lto("optimize", model, "--recipe", bad, "-o", out)
+    assert usage.returncode == 2
+    assert "stages.operator-fusion.speed: unknown key" in usage.stderr
+    assert "Traceback" not in usage.stderr
+    assert run_lto("optimize", model, "--target-percentile", "p42").returncode == 2
+    assert run_lto("optimize", tmp_path / "missing.onnx").returncode == 2

@@ -1,0 +1,102 @@
+"""Helpers for the serve tests: a fake backend with a known latency, and a tiny token model."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from optimize.runtimes.base import Backend, TensorSpec
+
+
+class SleepBackend(Backend):
+    """y = 2x + 1 and s = row sums of x[batch, 4], after sleeping `base_ms + per_row_ms * rows`.
+
+    Records the rows of every call. `gate` (a threading.Event) blocks calls until set, to hold a
+    batch in flight; `fail_rows` makes a call with that many rows raise.
+    """
+
+    kind: ClassVar[str] = "fake"
+
+    def __init__(
+        self,
+        base_ms: float = 1.0,
+        per_row_ms: float = 0.0,
+        batchable: bool = True,
+        gate: threading.Event | None = None,
+        fail_rows: int | None = None,
+    ) -> None:
+        super().__init__("fake.onnx", {})
+        self.base_ms = base_ms
+        self.per_row_ms = per_row_ms
+        self.batchable = batchable
+        self.gate = gate
+        self.fail_rows = fail_rows
+        self.calls: list[int] = []
+        self.lock = threading.Lock()
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return [TensorSpec("x", "float32", ("batch" if self.batchable else 1, 4))]
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        b = "batch" if self.batchable else 1
+        return [TensorSpec("y", "float32", (b, 4)), TensorSpec("s", "float32", (b,))]
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        x = feeds["x"]
+        if self.gate is not None:
+            self.gate.wait(timeout=30)
+        with self.lock:
+            self.calls.append(x.shape[0])
+        if self.fail_rows is not None and x.shape[0] == self.fail_rows:
+            raise RuntimeError(f"injected failure on a batch of {x.shape[0]}")
+        time.sleep((self.base_ms + self.per_row_ms * x.shape[0]) / 1e3)
+        return {"y": x * 2 + 1, "s": x.sum(axis=1)}
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.kind}
+
+
+def make_token_model(path: Path, vocab: int = 50, hidden: int = 8, seed: int = 0) -> Path:
+    """input_ids/attention_mask int64[batch, sequence] -> hidden[batch, sequence, H] (masked
+    embeddings) and pooled[batch, H] (mean over unmasked tokens): padding with mask 0 changes
+    nothing for the real tokens, like a transformer with an attention mask."""
+    rng = np.random.default_rng(seed)
+    emb = numpy_helper.from_array(rng.standard_normal((vocab, hidden)).astype(np.float32), "E")
+    axes = numpy_helper.from_array(np.array([2], dtype=np.int64), "axis2")
+    axis1 = numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1")
+    nodes = [
+        helper.make_node("Gather", ["E", "input_ids"], ["tok"]),
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["maskf", "axis2"], ["mask3"]),
+        helper.make_node("Mul", ["tok", "mask3"], ["hidden"]),
+        helper.make_node("ReduceSum", ["hidden", "axis1"], ["summed"], keepdims=0),
+        helper.make_node("ReduceSum", ["mask3", "axis1"], ["count"], keepdims=0),
+        helper.make_node("Div", ["summed", "count"], ["pooled"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tokens",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"]),
+        ],
+        [
+            helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "sequence", hidden]),
+            helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", hidden]),
+        ],
+        [emb, axes, axis1],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="lto-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

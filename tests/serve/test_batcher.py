@@ -1,0 +1,420 @@
+"""The dynamic batcher: when batches form, exact splitting, deadlines, shedding, exactly-once, drain.
+
+Timing-dependent checks use only bounds that a loaded machine cannot break: a sleep is never
+shorter than asked, and a batch that should leave at once must not wait for a timer of minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from optimize.errors import InputError
+from optimize.serve.batcher import (
+    Batcher,
+    BatcherConfig,
+    DeadlineExceeded,
+    LatencyModel,
+    ModelFailure,
+    Overloaded,
+    sample_row,
+)
+from tests.serve.helpers import SleepBackend, make_token_model
+
+LONG = 60_000.0  # ms: a timer or deadline that a test must never reach
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout=60))
+
+
+def x(rows: int, start: float = 0.0) -> dict[str, np.ndarray]:
+    return {"x": (np.arange(rows * 4, dtype=np.float32).reshape(rows, 4) + start)}
+
+
+def test_latency_model_fits_a_line_and_is_cautious_with_one_point() -> None:
+    model = LatencyModel(decay=1.0)
+    for work, ms in [(1, 1.5), (2, 2.0), (4, 3.0), (8, 5.0)]:
+        model.observe(work, ms)
+    assert model.intercept == pytest.approx(1.0)
+    assert model.slope == pytest.approx(0.5)
+    assert model.predict(3) == pytest.approx(2.5)  # between measured sizes: interpolated
+    # Beyond the largest measured size it assumes no further gain per row: 5 ms + 8 x 5/8 ms.
+    assert model.predict(16) == pytest.approx(10.0)
+
+    spiky = LatencyModel()
+    for _ in range(10):
+        spiky.observe(1, 2.0)
+    spiky.observe(1, 200.0)  # one descheduled run on a busy machine
+    assert spiky.predict(1) < 4.0
+
+    single = LatencyModel()
+    for _ in range(5):
+        single.observe(1, 2.0)
+    # Never measured a bigger batch: assume no gain from batching.
+    assert single.predict(4) == pytest.approx(8.0)
+
+
+def test_batch_size_follows_measured_efficiency_not_just_the_budget() -> None:
+    # A runtime whose batch-1 path is far faster per row than its batched one (resnet_tiny on
+    # ORT behaves so): batching would cut throughput, so the cap falls to one row.
+    batcher = Batcher([SleepBackend()], BatcherConfig(max_batch=32, target_latency_ms=200))
+    for rows, ms in [(1, 2.0), (2, 11.0), (4, 22.0), (8, 41.0), (16, 82.0)]:
+        batcher.latency.observe(rows, ms)
+    assert batcher.latency.predict(1) == pytest.approx(2.0)
+    assert batcher.latency.predict(3) == pytest.approx(16.5)
+    assert batcher._max_rows_now(1.0) == 1
+
+    # The usual case: per-row cost falls with size; the cap is what fits half the target.
+    usual = Batcher([SleepBackend()], BatcherConfig(max_batch=64, target_latency_ms=40))
+    for rows, ms in [(1, 2.0), (2, 2.5), (4, 3.5), (8, 5.5), (16, 9.5)]:
+        usual.latency.observe(rows, ms)
+    cap = usual._max_rows_now(1.0)
+    assert 16 <= cap < 64
+    assert usual.latency.upper(cap) <= 20.0 < usual.latency.upper(cap + 1)
+
+
+def test_batch_forms_when_full_without_waiting_for_the_timer() -> None:
+    backend = SleepBackend(base_ms=1)
+
+    async def main() -> tuple[list[Any], float]:
+        batcher = Batcher([backend], BatcherConfig(max_batch=4, max_wait_ms=LONG, target_latency_ms=LONG * 2))
+        await batcher.start()
+        t0 = time.monotonic()
+        results = await asyncio.gather(*(batcher.submit(x(1, i)) for i in range(4)))
+        elapsed = time.monotonic() - t0
+        await batcher.drain()
+        return results, elapsed
+
+    results, elapsed = run(main())
+    assert backend.calls == [4]
+    assert elapsed < 30  # left when full, not after the 60 s wait
+    assert all(r.batch_rows == 4 and r.batch_requests == 4 for r in results)
+
+
+def test_batch_forms_after_max_wait_with_no_further_arrival() -> None:
+    backend = SleepBackend(base_ms=1)
+
+    async def main() -> list[Any]:
+        batcher = Batcher([backend], BatcherConfig(max_batch=64, max_wait_ms=50, target_latency_ms=LONG))
+        await batcher.start()
+        results = await asyncio.gather(*(batcher.submit(x(1, i)) for i in range(3)))
+        await batcher.drain()
+        return results
+
+    results = run(main())
+    # One batch of the three, sent by the timer: nothing else ever arrived.
+    assert backend.calls == [3]
+    assert all(r.queue_ms >= 45 for r in results)
+
+
+def test_sparse_arrivals_do_not_wait_for_company() -> None:
+    backend = SleepBackend(base_ms=1)
+
+    async def main() -> list[Any]:
+        batcher = Batcher([backend], BatcherConfig(max_batch=64, max_wait_ms=500, target_latency_ms=LONG))
+        await batcher.start()
+        results = []
+        for i in range(3):
+            results.append(await batcher.submit(x(1, i)))
+            await asyncio.sleep(0.6)  # arrivals further apart than the 500 ms wait
+        await batcher.drain()
+        return results
+
+    results = run(main())
+    assert backend.calls == [1, 1, 1]
+    # The first had no arrival history and waited; the later ones left at once instead of 500 ms.
+    assert results[0].queue_ms >= 450
+    assert all(r.queue_ms < 250 for r in results[1:])
+
+
+def test_batch_leaves_early_to_meet_the_earliest_deadline() -> None:
+    backend = SleepBackend(base_ms=20)
+
+    async def main() -> Any:
+        batcher = Batcher([backend], BatcherConfig(max_batch=64, max_wait_ms=LONG, target_latency_ms=LONG))
+        await batcher.start(x(1))  # calibration teaches it the model takes about 20 ms
+        backend.calls.clear()
+        t0 = time.monotonic()
+        result = await batcher.submit(x(1), deadline_ms=400)
+        elapsed = (time.monotonic() - t0) * 1e3
+        await batcher.drain()
+        return result, elapsed
+
+    result, elapsed = run(main())
+    assert backend.calls == [1]
+    # It waited for company (the deadline allowed it), but not for the 60 s max wait.
+    assert result.queue_ms > 100
+    assert elapsed < 30_000
+
+
+def test_results_are_split_exactly_across_requests_of_different_rows() -> None:
+    backend = SleepBackend(base_ms=1)
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal((rows, 4)).astype(np.float32)} for rows in (1, 3, 2, 1)]
+
+    async def main() -> list[Any]:
+        batcher = Batcher([backend], BatcherConfig(max_batch=16, max_wait_ms=100, target_latency_ms=LONG))
+        await batcher.start()
+        results = await asyncio.gather(*(batcher.submit(f) for f in feeds))
+        await batcher.drain()
+        return results
+
+    results = run(main())
+    assert backend.calls == [7]
+    for f, r in zip(feeds, results, strict=True):
+        np.testing.assert_array_equal(r.outputs["y"], f["x"] * 2 + 1)
+        np.testing.assert_array_equal(r.outputs["s"], f["x"].sum(axis=1))
+
+
+def test_request_that_cannot_meet_its_deadline_gets_a_timeout_and_never_runs() -> None:
+    gate = threading.Event()
+    backend = SleepBackend(base_ms=1, gate=gate)
+
+    async def main() -> tuple[Any, BaseException | None]:
+        batcher = Batcher([backend], BatcherConfig(max_batch=8, max_wait_ms=0, target_latency_ms=LONG))
+        await batcher.start()
+        first = asyncio.ensure_future(batcher.submit(x(1)))
+        await asyncio.sleep(0.05)  # first is now in flight, blocked on the gate
+        late: BaseException | None = None
+        try:
+            await batcher.submit(x(2, 100), deadline_ms=30)
+        except DeadlineExceeded as exc:
+            late = exc
+        gate.set()
+        result = await first
+        await batcher.drain()
+        return result, late
+
+    result, late = run(main())
+    assert isinstance(late, DeadlineExceeded)
+    assert "deadline" in str(late)
+    assert backend.calls == [1]  # the late request (2 rows) was never run
+    assert result.batch_rows == 1
+
+
+def test_full_queue_sheds_at_once_with_a_retry_hint_and_answers_the_rest() -> None:
+    gate = threading.Event()
+    backend = SleepBackend(base_ms=1, gate=gate)
+
+    async def main() -> tuple[list[Any], Overloaded | None]:
+        batcher = Batcher(
+            [backend], BatcherConfig(max_batch=8, max_wait_ms=0, target_latency_ms=LONG, max_queue=4)
+        )
+        await batcher.start()
+        inflight = asyncio.ensure_future(batcher.submit(x(1)))
+        await asyncio.sleep(0.05)
+        queued = [asyncio.ensure_future(batcher.submit(x(1, i))) for i in range(4)]
+        await asyncio.sleep(0.01)
+        shed: Overloaded | None = None
+        try:
+            await batcher.submit(x(1, 99))
+        except Overloaded as exc:
+            shed = exc
+        gate.set()
+        results = await asyncio.gather(inflight, *queued)
+        await batcher.drain()
+        return results, shed
+
+    results, shed = run(main())
+    assert shed is not None and shed.retry_after_s >= 1 and "queue full" in shed.message
+    assert len(results) == 5
+    assert sorted(backend.calls) == [1, 4]
+
+
+def test_every_accepted_request_is_answered_exactly_once_under_concurrent_load() -> None:
+    backend = SleepBackend(base_ms=0.5, per_row_ms=0.05)
+    n = 400
+    answers: dict[int, list[str]] = {i: [] for i in range(n)}
+
+    async def client(batcher: Batcher, i: int, rng: random.Random) -> None:
+        await asyncio.sleep(rng.random() * 0.3)
+        rows = rng.randint(1, 3)
+        feeds = {"x": np.full((rows, 4), float(i), dtype=np.float32)}
+        try:
+            result = await batcher.submit(feeds, deadline_ms=rng.choice([5.0, LONG]))
+        except (DeadlineExceeded, Overloaded) as exc:
+            answers[i].append(type(exc).__name__)
+            return
+        # The answer belongs to this request: its own values, its own rows.
+        np.testing.assert_array_equal(result.outputs["y"], feeds["x"] * 2 + 1)
+        answers[i].append("ok")
+
+    async def main() -> Batcher:
+        batcher = Batcher(
+            [backend, SleepBackend(base_ms=0.5, per_row_ms=0.05)],
+            BatcherConfig(max_batch=16, max_wait_ms=2, target_latency_ms=LONG, max_queue=64),
+        )
+        await batcher.start()
+        rng = random.Random(0)
+        await asyncio.gather(*(client(batcher, i, rng) for i in range(n)))
+        await batcher.drain()
+        return batcher
+
+    batcher = run(main())
+    assert all(len(a) == 1 for a in answers.values()), "a request was answered twice or never"
+    ok = sum(a == ["ok"] for a in answers.values())
+    assert ok > 0
+    assert batcher.requests_answered == n - sum(a == ["Overloaded"] for a in answers.values())
+    assert batcher.queued_rows == 0 and batcher.inflight_batches == 0
+
+
+def test_drain_answers_everything_accepted_and_refuses_new_requests() -> None:
+    backend = SleepBackend(base_ms=30)
+
+    async def main() -> tuple[list[Any], Overloaded | None]:
+        batcher = Batcher([backend], BatcherConfig(max_batch=4, max_wait_ms=LONG, target_latency_ms=LONG))
+        await batcher.start()
+        pending = [asyncio.ensure_future(batcher.submit(x(1, i))) for i in range(10)]
+        await asyncio.sleep(0.01)
+        drain = asyncio.ensure_future(batcher.drain())
+        await asyncio.sleep(0)
+        refused: Overloaded | None = None
+        try:
+            await batcher.submit(x(1))
+        except Overloaded as exc:
+            refused = exc
+        results = await asyncio.gather(*pending)
+        await drain
+        return results, refused
+
+    results, refused = run(main())
+    assert len(results) == 10
+    assert sum(backend.calls) == 10  # the last two did not wait 60 s for company: drain flushed them
+    assert refused is not None and "shutting down" in refused.message
+
+
+def test_a_failing_batch_answers_its_requests_with_the_error_and_the_next_batch_runs() -> None:
+    backend = SleepBackend(base_ms=1, fail_rows=2)
+
+    async def main() -> tuple[list[Any], Any]:
+        batcher = Batcher([backend], BatcherConfig(max_batch=2, max_wait_ms=LONG, target_latency_ms=LONG))
+        await batcher.start()
+        failed = await asyncio.gather(*(batcher.submit(x(1)) for _ in range(2)), return_exceptions=True)
+        batcher.config.max_batch = 1
+        batcher.max_rows = 1
+        after = await batcher.submit(x(1, 5))
+        await batcher.drain()
+        return failed, after
+
+    failed, after = run(main())
+    assert all(isinstance(f, ModelFailure) and "injected failure" in f.message for f in failed)
+    np.testing.assert_array_equal(after.outputs["y"], x(1, 5)["x"] * 2 + 1)
+
+
+def test_model_with_fixed_batch_runs_one_request_per_call() -> None:
+    backend = SleepBackend(base_ms=1, batchable=False)
+
+    async def main() -> list[Any]:
+        batcher = Batcher([backend], BatcherConfig(max_batch=8, max_wait_ms=20, target_latency_ms=LONG))
+        assert not batcher.signature.batchable and batcher.max_rows == 1
+        await batcher.start()
+        results = await asyncio.gather(*(batcher.submit(x(1, i)) for i in range(3)))
+        await batcher.drain()
+        return results
+
+    results = run(main())
+    assert backend.calls == [1, 1, 1]
+    for i, r in enumerate(results):
+        np.testing.assert_array_equal(r.outputs["y"], x(1, i)["x"] * 2 + 1)
+
+
+def test_check_request_names_what_is_wrong() -> None:
+    batcher = Batcher([SleepBackend()], BatcherConfig())
+    with pytest.raises(InputError, match="'x' has dtype float64"):
+        batcher.check_request({"x": np.zeros((1, 4))})
+    with pytest.raises(InputError, match="axis 1"):
+        batcher.check_request({"x": np.zeros((1, 5), np.float32)})
+    with pytest.raises(InputError, match="unknown input 'z'"):
+        batcher.check_request({"x": np.zeros((1, 4), np.float32), "z": np.zeros(1)})
+    assert batcher.check_request({"x": np.zeros((3, 4), np.float32)}) == 3
+    with pytest.raises(InputError, match="can never fit the queue of 256 rows"):
+        batcher.check_request({"x": np.zeros((300, 4), np.float32)})
+
+
+def test_token_sequences_are_padded_to_a_bucket_with_the_mask_and_cut_back(tmp_path: Path) -> None:
+    from optimize.runtimes import open_backend
+
+    path = make_token_model(tmp_path / "tokens.onnx")
+    backend = open_backend("onnxruntime", path, {"intra_op_num_threads": 1})
+    calls: list[tuple[int, ...]] = []
+    original = backend.run
+
+    def spy(feeds: Any) -> dict[str, np.ndarray]:
+        calls.append(tuple(feeds["input_ids"].shape))
+        return original(feeds)
+
+    backend.run = spy  # type: ignore[method-assign]
+    rng = np.random.default_rng(0)
+    requests = []
+    for length in (5, 7, 8):
+        ids = rng.integers(1, 50, size=(1, length)).astype(np.int64)
+        requests.append({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+
+    async def main() -> list[Any]:
+        batcher = Batcher([backend], BatcherConfig(max_batch=8, max_wait_ms=200, target_latency_ms=LONG))
+        assert batcher.signature.seq_inputs == ("input_ids", "attention_mask")
+        await batcher.start()
+        results = await asyncio.gather(*(batcher.submit(r) for r in requests))
+        await batcher.drain()
+        return results
+
+    results = run(main())
+    assert calls == [(3, 8)]  # one batch, padded to the bucket of 8
+    for req, res in zip(requests, results, strict=True):
+        alone = original(req)
+        assert res.outputs["hidden"].shape == alone["hidden"].shape
+        np.testing.assert_allclose(res.outputs["hidden"], alone["hidden"], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(res.outputs["pooled"], alone["pooled"], rtol=1e-6, atol=1e-6)
+
+
+def test_different_shapes_without_a_mask_batch_only_with_equals(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    from optimize.runtimes import open_backend
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "relu.onnx"))
+    backend = open_backend("onnxruntime", tmp_path / "relu.onnx", {"intra_op_num_threads": 1})
+    shapes: list[tuple[int, ...]] = []
+    original = backend.run
+    backend.run = lambda feeds: (shapes.append(feeds["x"].shape), original(feeds))[1]  # type: ignore[method-assign]
+
+    async def main() -> list[Any]:
+        batcher = Batcher([backend], BatcherConfig(max_batch=8, max_wait_ms=100, target_latency_ms=LONG))
+        await batcher.start()
+        feeds = [{"x": np.full((1, n), -1.0 + n, np.float32)} for n in (3, 5, 3, 5)]
+        results = await asyncio.gather(*(batcher.submit(f) for f in feeds))
+        await batcher.drain()
+        return results
+
+    results = run(main())
+    assert sorted(shapes) == [(2, 3), (2, 5)]
+    assert [r.outputs["y"].shape for r in results] == [(1, 3), (1, 5), (1, 3), (1, 5)]
+
+
+def test_sample_row_uses_known_dims_and_gives_up_on_unknown_ones() -> None:
+    backend = SleepBackend()
+    row = sample_row(backend.inputs)
+    assert row["x"].shape == (1, 4)
+    from optimize.runtimes.base import TensorSpec
+
+    assert sample_row([TensorSpec("ids", "int64", ("batch", "sequence"))]) == {}
+    pinned = sample_row([TensorSpec("attention_mask", "int64", ("batch", "sequence"))], {"sequence": (16,)})
+    assert pinned["attention_mask"].shape == (1, 16) and pinned["attention_mask"].min() == 1
