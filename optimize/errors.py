@@ -33,3 +33,12 @@ class InputError(UsageError):
 
 class BackendUnavailable(LtoError):
     """A runtime (TVM, TensorRT, CUDA) is not installed or has no device here."""
+
+
+def first_line(exc: BaseException) -> str:
+    """One line for a report or a log: an LtoError's message (with its hint), else the
+    exception's type and the first non-empty line of its text."""
+    if isinstance(exc, LtoError):
+        return exc.one_line()
+    line = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__

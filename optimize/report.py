@@ -20,7 +20,7 @@ KINDS = ("bench", "compare", "optimize", "load", "gate")
 # Kind-specific Markdown sections, rendered by the module that owns the data ("module:function"
 # taking the section dict and returning Markdown). Imported only when a report needs it.
 SECTION_RENDERERS: dict[str, str] = {
-    "optimize": "optimize.pipeline:render_markdown_section",
+    "optimize": "optimize.render.optimize_section:render_markdown_section",
     "load": "optimize.serve.report:render_markdown_section",
     "gate": "optimize.gate:render_markdown_section",
 }

@@ -155,3 +155,11 @@ def full_chunks(samples: np.ndarray | list[float], chunk_runs: int) -> np.ndarra
     data = np.asarray(samples, dtype=np.float64)
     full = data.size // chunk_runs if chunk_runs > 0 else 0
     return data[: full * chunk_runs].reshape(full, chunk_runs)
+
+
+def percentile_ci(samples: Sequence[float], percentile: str) -> tuple[float, float, float]:
+    """Point estimate and bootstrap 95% CI of a percentile ("p50", "p99" ...) of latency samples."""
+    q = PERCENTILES[percentile]
+    data = np.asarray(samples, dtype=np.float64)
+    lo, hi = bootstrap_ci(data, stat=lambda x, axis=None: np.percentile(x, q, axis=axis), n=1000)
+    return float(np.percentile(data, q)), lo, hi

@@ -222,7 +222,7 @@ def _print_summary(result: PipelineResult) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from optimize.pipeline import TABLE_HEADER, TABLE_NOTE, table_rows
+    from optimize.render.optimize_section import TABLE_HEADER, TABLE_NOTE, table_rows
 
     section = result.report["optimize"]
     table = Table(
@@ -256,7 +256,7 @@ def _print_summary(result: PipelineResult) -> None:
 
 
 def _acc(section: dict[str, Any]) -> str:
-    from optimize.pipeline import accuracy_cell
+    from optimize.render.optimize_section import accuracy_cell
 
     return accuracy_cell(section.get("accuracy"))
 

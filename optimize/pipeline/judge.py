@@ -1,0 +1,115 @@
+"""Every keep/reject decision of `lto optimize`, in one place.
+
+The loop measures (through the bench engine) and asks here what the figures mean: whether a
+stage runs at all, whether a candidate is kept, whether the final side-by-side comparison sends
+the original back, and whether the target is met. Nothing here times or loads anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from optimize.pipeline.request import OptimizeRequest, stage_disabled_reason
+from optimize.recipes import Recipe, StageSpec
+from optimize.stats import percentile_ci
+
+if TYPE_CHECKING:
+    from optimize.bench import Comparison
+    from optimize.pipeline.summary import StageRecord
+
+EXIT_TARGET_MET = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_TARGET_MISSED = 3
+
+
+def target_met(samples_ms: Sequence[float], metric: str, target_ms: float | None, confident: bool) -> bool:
+    """Whether latency samples meet the target (`confident`: the whole 95% CI does)."""
+    if target_ms is None:
+        return False
+    value, _, hi = percentile_ci(samples_ms, metric)
+    return (hi if confident else value) <= target_ms
+
+
+def pre_skip_reason(
+    spec: StageSpec,
+    request: OptimizeRequest,
+    recipe: Recipe,
+    *,
+    stop_reason: str,
+    best_latency_ms: float,
+    time_left_s: float | None,
+) -> str:
+    """Why a stage does not run at all ("" when it runs)."""
+    if stop_reason:
+        return stop_reason
+    if not spec.enabled:
+        return stage_disabled_reason(spec, request, recipe)
+    if time_left_s is not None and time_left_s <= 0:
+        return "the --time-budget is used up"
+    target = request.target_ms
+    if spec.run_when == "above-target" and target is not None and best_latency_ms <= target:
+        metric = request.target_percentile
+        return f"the best {metric} ({best_latency_ms:.3f} ms) already meets the {target:g} ms target"
+    return ""
+
+
+def judge_candidate(
+    record: StageRecord,
+    comparison: Comparison,
+    *,
+    metric: str,
+    best_label: str,
+    best_speedup: float,
+    min_improvement: float,
+) -> None:
+    """Keep when faster by the recipe's minimum and with 95% confidence; say why not otherwise."""
+    ratio = float(comparison.ratio)
+    lo, hi = (float(x) for x in comparison.ratio_ci95)
+    lat = comparison.b.latency
+    record.latency_ms = {"p50": lat["p50"], "p99": lat["p99"], metric: lat[metric]}
+    record.ratio, record.ratio_ci95 = ratio, (lo, hi)
+    record.speedup = best_speedup / ratio if ratio > 0 else None
+    figures = f"{metric} ratio {ratio:.3f}, CI {lo:.3f}–{hi:.3f}"
+    if hi < 1.0 and ratio <= 1.0 - min_improvement:
+        record.status = "kept"
+        record.reason = f"{1 / ratio:.2f}x faster than {best_label} ({figures})"
+        if "confirmation" in record.details:
+            record.reason += ", confirmed on fresh sessions"
+        return
+    record.status = "rejected"
+    if lo > 1.0:
+        record.reason = f"slower than {best_label} ({figures})"
+    elif hi >= 1.0:
+        record.reason = f"not faster than {best_label} with confidence ({figures})"
+    else:
+        record.reason = f"gain below the recipe's {min_improvement:.0%} minimum ({figures})"
+
+
+def original_wins_final(comparison: Comparison) -> bool:
+    """Every kept step won its own comparisons, yet side by side with the original the result
+    is slower with confidence: ship the original rather than a model measured to lose."""
+    return float(comparison.ratio_ci95[0]) > 1.0
+
+
+def target_verdict(value_ms: float, target_ms: float | None, metric: str) -> tuple[str, int, bool | None]:
+    """(verdict line, exit code, met) for the artifact's latency measured alone."""
+    if target_ms is None:
+        return "no target given", EXIT_TARGET_MET, None
+    if value_ms <= target_ms:
+        return f"target met: {metric} {value_ms:.3f} ms <= {target_ms:g} ms", EXIT_TARGET_MET, True
+    return f"target missed: best {metric} {value_ms:.3f} ms > {target_ms:g} ms", EXIT_TARGET_MISSED, False
+
+
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_TARGET_MET",
+    "EXIT_TARGET_MISSED",
+    "EXIT_USAGE",
+    "judge_candidate",
+    "original_wins_final",
+    "pre_skip_reason",
+    "target_met",
+    "target_verdict",
+]

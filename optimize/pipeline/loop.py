@@ -1,0 +1,600 @@
+"""The run of `lto optimize`: baseline, stages in recipe order, every candidate checked and
+measured against the best so far, then the artifact.
+
+The loop loads and measures (through the bench engine only); `judge` decides; `summary` writes
+the report. A stage only proposes candidates (STYLE.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from optimize.accuracy import accuracy_json, check
+from optimize.errors import first_line
+from optimize.pipeline import judge
+from optimize.pipeline.isolation import run_in_child
+from optimize.pipeline.request import (
+    OptimizeRequest,
+    apply_overrides,
+    choose_recipe,
+    default_out_dir,
+    partial_report_path,
+)
+from optimize.pipeline.summary import (
+    FinalFigures,
+    PipelineResult,
+    Progress,
+    StageRecord,
+    optimize_report,
+    write_partial_report,
+)
+from optimize.recipes import Recipe, StageSpec
+from optimize.runtimes.base import Backend
+from optimize.stage import AccuracyResult, Candidate, Stage, StageContext, StageSkipped
+from optimize.stats import percentile_ci
+
+MeasureFn = Callable[..., Any]  # optimize.bench.measure's signature
+CompareFn = Callable[..., Any]  # optimize.bench.compare's signature
+StageFactory = Callable[[str], Stage]
+
+
+@contextlib.contextmanager
+def _working_directory(path: Path) -> Iterator[None]:
+    previous = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+class Pipeline:
+    """One run of `lto optimize`. Measuring and stage loading are injectable for tests."""
+
+    def __init__(
+        self,
+        request: OptimizeRequest,
+        recipe: Recipe,
+        *,
+        model_kind: str = "default",
+        stage_factory: StageFactory | None = None,
+        measure_fn: MeasureFn | None = None,
+        compare_fn: CompareFn | None = None,
+        progress: Progress | None = None,
+        recipe_notes: Sequence[str] = (),
+    ) -> None:
+        from optimize import bench
+        from optimize.runtimes import load_stage
+
+        self.request = request
+        self.recipe = recipe
+        self.model_kind = model_kind
+        self.stage_factory = stage_factory or load_stage
+        self.measure_fn = measure_fn or bench.measure
+        self.compare_fn = compare_fn or bench.compare
+        self.progress = progress or Progress()
+        self.settings = bench.BenchSettings(**recipe.bench)
+        self.metric = request.target_percentile
+        self.records: list[StageRecord] = []
+        self.warnings: list[str] = list(recipe_notes)
+        self.logs: list[str] = []
+        self.out_dir = Path(request.out_dir) if request.out_dir else default_out_dir(request.model_path)
+        self.started = time.monotonic()
+        self._deadline = self.started + request.time_budget_s if request.time_budget_s else None
+        self.results: list[dict[str, Any]] = []
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _log(self, text: str) -> None:
+        self.logs.append(text)
+        if "warning" in text.lower():  # e.g. calibration on generated inputs: the report must say so
+            self.warnings.append(text)
+        self.progress.log(text)
+
+    def _open(self, candidate: Candidate) -> Backend:
+        from optimize.runtimes import open_backend
+
+        return open_backend(candidate.backend, candidate.model_path, candidate.runtime_config)
+
+    def _outputs_of(self, backend: Backend) -> list[dict[str, np.ndarray]]:
+        return [backend.run(sample) for sample in self.samples]
+
+    def _check_backend(self, backend: Backend) -> AccuracyResult:
+        expected = {(s.name, s.dtype) for s in self.baseline_inputs}
+        got = {(s.name, s.dtype) for s in backend.inputs}
+        if got != expected:
+            missing = sorted(n for n, _ in expected - got)
+            extra = sorted(n for n, _ in got - expected)
+            what = "; ".join(
+                x
+                for x in (
+                    f"lost {', '.join(missing)}" if missing else "",
+                    f"added {', '.join(extra)}" if extra else "",
+                )
+                if x
+            )
+            return AccuracyResult(False, f"the candidate changed the model's inputs ({what})", {})
+        return check(self.reference, self._outputs_of(backend), self.recipe.accuracy)
+
+    def check_accuracy(self, candidate: Candidate) -> AccuracyResult:
+        """The service stages get through ctx.check_accuracy (quantization back-off)."""
+        backend = self._open(candidate)
+        try:
+            return self._check_backend(backend)
+        finally:
+            backend.close()
+
+    def _latency(self, measurement: Any) -> dict[str, float]:
+        lat = measurement.latency
+        return {"p50": lat["p50"], "p99": lat["p99"], self.metric: lat[self.metric]}
+
+    def _target_met(self, measurement: Any, confident: bool) -> bool:
+        return judge.target_met(measurement.samples_ms, self.metric, self.request.target_ms, confident)
+
+    def _time_left(self) -> float | None:
+        return None if self._deadline is None else self._deadline - time.monotonic()
+
+    def _bench_progress(self, what: str) -> Callable[[int, float], None]:
+        return lambda runs, elapsed: self.progress.status(f"{what}: {runs} runs, {elapsed:.1f} s")
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def run(self) -> PipelineResult:
+        from optimize.onnx_utils import file_has_external_data
+
+        self.request.validate()
+        model_path = Path(self.request.model_path)
+        self.external_data = file_has_external_data(model_path)
+        work_parent = self.out_dir.parent
+        work_parent.mkdir(parents=True, exist_ok=True)
+        self.workdir = Path(
+            tempfile.mkdtemp(prefix=f".lto-work-{model_path.stem}-", dir=work_parent)
+        ).absolute()
+        try:
+            return self._run(model_path)
+        except BaseException as exc:
+            self._write_partial(exc)
+            raise
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _prepare_inputs(self, model_path: Path) -> None:
+        from optimize.inputs import generate_feeds, resolve_inputs
+
+        self.progress.status("resolving inputs")
+        self.input_spec, self.feeds = resolve_inputs(
+            model_path,
+            self.request.shapes,
+            self.request.input_data,
+            seed=self.request.seed,
+            batch=self.request.batch,
+        )
+        # More samples for the accuracy check, generated with the same meaning and shapes (token
+        # ids inside the vocabulary, masks of ones ...) even when the bench input came from a file.
+        n_extra = max(0, self.recipe.accuracy.samples - 1)
+        samples: list[dict[str, np.ndarray]] = [dict(self.feeds)]
+        if n_extra:
+            gen_spec, _ = resolve_inputs(model_path, self.input_spec.shapes(), None, seed=self.request.seed)
+            samples += [generate_feeds(gen_spec, self.request.seed + 1 + i) for i in range(n_extra)]
+        self.samples = samples
+
+    def _run(self, model_path: Path) -> PipelineResult:
+        self._prepare_inputs(model_path)
+        # Absolute: stages run inside their scratch directory (see _run_stage).
+        baseline = Candidate(
+            label="baseline", model_path=model_path.absolute(), backend="onnxruntime", runtime_config={}
+        )
+        self.progress.status("baseline: loading the original model on ONNX Runtime defaults")
+        t0 = time.monotonic()
+        base_backend = self._open(baseline)
+        try:
+            base_backend.check_feeds(self.feeds)
+            self.baseline_inputs = base_backend.inputs
+            self.outputs_spec = [o.to_json() for o in base_backend.outputs]
+            self.progress.status("baseline: reference outputs")
+            self.reference = self._outputs_of(base_backend)
+            repeat = check(self.reference[0], base_backend.run(self.samples[0]), self.recipe.accuracy)
+            if not repeat.ok:
+                self.warnings.append(
+                    f"the original model is not deterministic on the same input ({repeat.reason}); "
+                    "accuracy checks compare against one run of it"
+                )
+            base_meas = self.measure_fn(
+                base_backend, self.feeds, self.settings, "baseline",
+                progress=self._bench_progress("baseline: measuring"),
+            )  # fmt: skip
+        finally:
+            base_backend.close()
+        self.results.append(base_meas.to_json())
+        base_record = StageRecord(
+            stage="baseline",
+            label="baseline",
+            status="baseline",
+            reason="original model, ONNX Runtime default settings",
+            latency_ms=self._latency(base_meas),
+            speedup=1.0,
+            accuracy={"ok": True, "reason": "reference", "per_output": {}, "worst": {}},
+            backend="onnxruntime",
+            runtime_config={},
+            precision="fp32",
+            elapsed_s=time.monotonic() - t0,
+        )
+        self._add(base_record)
+
+        best, best_meas, best_speedup = baseline, base_meas, 1.0
+        best_standard = baseline
+        best_accuracy: AccuracyResult = AccuracyResult(True, "", {})
+        kept_chain: list[dict[str, Any]] = []
+        best_backend = self._open(best)
+        stop_reason = ""
+        if self.request.stop_at_target and self._target_met(base_meas, confident=True):
+            stop_reason = "the baseline already meets the target (--stop-at-target)"
+        try:
+            for spec in self.recipe.stages:
+                t_stage = time.monotonic()
+                reason = self._pre_skip_reason(spec, stop_reason, best_meas)
+                if reason:
+                    self._add(StageRecord(spec.name, spec.name, "skipped", reason))
+                    continue
+                candidates, failure = self._run_stage(spec, best, best_standard, best_meas)
+                if failure is not None:
+                    failure.elapsed_s = time.monotonic() - t_stage
+                    self._add(failure)
+                    continue
+                for cand in candidates:
+                    left = self._time_left()
+                    if left is not None and left <= 0:
+                        reason = "the --time-budget was used up before it could be measured"
+                        self._add(StageRecord(spec.name, cand.label, "skipped", reason, details=cand.details))
+                        continue
+                    outcome = self._evaluate(spec, cand, best, best_backend, best_speedup)
+                    record, cand_backend, comparison, accuracy = outcome
+                    record.elapsed_s = time.monotonic() - t_stage
+                    self._add(record)
+                    if record.status == "kept" and cand_backend is not None and comparison is not None:
+                        best_backend.close()
+                        best, best_backend, best_meas = cand, cand_backend, comparison.b
+                        best_speedup = record.speedup or best_speedup
+                        best_accuracy = accuracy
+                        kept_chain.append({"stage": cand.label, **cand.details})
+                        if cand.standard_ops:
+                            best_standard = cand
+                    else:
+                        if comparison is not None:
+                            best_meas = comparison.a  # the freshest measurement of the best
+                        if cand_backend is not None:
+                            cand_backend.close()
+                if (
+                    self.request.stop_at_target
+                    and not stop_reason
+                    and self._target_met(best_meas, confident=True)
+                ):
+                    stop_reason = f"target met with 95% confidence after {spec.name} (--stop-at-target)"
+        finally:
+            best_backend.close()
+        return self._finish(baseline, base_meas, best, best_accuracy, kept_chain)
+
+    def _add(self, record: StageRecord) -> None:
+        if record.status == "failed" and self.external_data and "external data" not in record.reason.lower():
+            # The report must say when a stage may have failed on a model with its weights in side files.
+            record.reason += " (the model keeps its weights as external data)"
+        self.records.append(record)
+        self.progress.record(record)
+
+    def _pre_skip_reason(self, spec: StageSpec, stop_reason: str, best_meas: Any) -> str:
+        return judge.pre_skip_reason(
+            spec,
+            self.request,
+            self.recipe,
+            stop_reason=stop_reason,
+            best_latency_ms=self._latency(best_meas)[self.metric],
+            time_left_s=self._time_left(),
+        )
+
+    def _run_stage(
+        self, spec: StageSpec, best: Candidate, best_standard: Candidate, best_meas: Any
+    ) -> tuple[list[Candidate], StageRecord | None]:
+        self.progress.status(f"{spec.name}: loading")
+        try:
+            stage = self.stage_factory(spec.name)
+        except StageSkipped as exc:
+            return [], StageRecord(spec.name, spec.name, "skipped", str(exc) or "not available")
+        workdir = self.workdir / spec.name
+        workdir.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + spec.budget_s if spec.budget_s else None
+        if self._deadline is not None:
+            deadline = min(deadline, self._deadline) if deadline is not None else self._deadline
+        ctx = StageContext(
+            workdir=workdir,
+            original_model=Path(self.request.model_path).absolute(),
+            feeds=self.feeds,
+            options=dict(spec.options),
+            best_standard=best_standard,
+            best_latency_ms=self._latency(best_meas)[self.metric],
+            target_ms=self.request.target_ms,
+            deadline=deadline,
+            check_accuracy=self.check_accuracy,
+            log=lambda text: self._log(f"{spec.name}: {text}"),
+            status=lambda text: self.progress.status(f"{spec.name}: {text}"),
+        )
+        try:
+            reason = stage.skip_reason(best, ctx)
+            if reason:
+                return [], StageRecord(spec.name, spec.name, "skipped", reason)
+            self.progress.status(f"{spec.name}: running")
+            # Some libraries write side files into the current directory (onnxruntime.quantization
+            # names external data "<uuid>.data" there): keep them in the stage's scratch space.
+            with _working_directory(workdir):
+                candidates = run_in_child(stage, best, ctx) if stage.isolated else stage.run(best, ctx)
+            for cand in candidates:  # a path relative to the stage's directory stays valid outside it
+                cand.model_path = workdir / cand.model_path
+                cand.extra_files = [workdir / Path(f) for f in cand.extra_files]
+        except StageSkipped as exc:
+            return [], StageRecord(spec.name, spec.name, "skipped", str(exc) or "does not apply")
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except MemoryError:
+            return [], StageRecord(spec.name, spec.name, "failed", "ran out of memory")
+        except Exception as exc:
+            # A stage bug or an unsupported model must not end the run: record it and go on.
+            tb = traceback.extract_tb(exc.__traceback__)
+            where = f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
+            where = getattr(exc, "where", None) or where  # an isolated stage says where it raised
+            details = {"exception": type(exc).__name__, "where": where}
+            return [], StageRecord(spec.name, spec.name, "failed", first_line(exc), details=details)
+        if not candidates:
+            return [], StageRecord(spec.name, spec.name, "skipped", "the stage produced no candidate")
+        return list(candidates), None
+
+    def _evaluate(
+        self, spec: StageSpec, cand: Candidate, best: Candidate, best_backend: Backend, best_speedup: float
+    ) -> tuple[StageRecord, Backend | None, Any, AccuracyResult]:
+        record = StageRecord(
+            stage=spec.name,
+            label=cand.label,
+            status="failed",
+            details=dict(cand.details),
+            backend=cand.backend,
+            runtime_config=dict(cand.runtime_config),
+            precision=cand.precision,
+        )
+        no_acc = AccuracyResult(False, "", {})
+        self.progress.status(f"{cand.label}: loading the candidate")
+        try:
+            backend = self._open(cand)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:
+            record.reason = f"the candidate does not load: {first_line(exc)}"
+            return record, None, None, no_acc
+        try:
+            self.progress.status(f"{cand.label}: checking accuracy on {len(self.samples)} samples")
+            accuracy = self._check_backend(backend)
+        except (KeyboardInterrupt, SystemExit):
+            backend.close()
+            raise
+        except Exception as exc:
+            backend.close()
+            record.reason = f"the candidate does not run: {first_line(exc)}"
+            return record, None, None, no_acc
+        record.accuracy = accuracy_json(accuracy)
+        if not accuracy.ok:
+            record.status = "rejected"
+            record.reason = f"inaccurate: {accuracy.reason}"
+            backend.close()
+            return record, None, None, accuracy
+        self.progress.status(f"{cand.label}: benchmarking against {best.label}")
+        try:
+            comparison = self._compare(best_backend, backend, best.label, cand.label)
+        except (KeyboardInterrupt, SystemExit):
+            backend.close()
+            raise
+        except Exception as exc:
+            backend.close()
+            record.reason = f"benchmarking failed: {first_line(exc)}"
+            return record, None, None, accuracy
+        record.details["comparison"] = comparison.to_json()
+        self._judge(record, comparison, best.label, best_speedup)
+        if record.status != "kept":
+            return record, backend, comparison, accuracy
+
+        # Two sessions of the same model can differ by a few percent for the life of the process
+        # (memory placement), and that bias is invisible to one comparison's CI. A win must
+        # therefore repeat on a fresh pair of sessions before the candidate is kept.
+        first = comparison
+        backend.close()
+        self.progress.status(f"{cand.label}: confirming on fresh sessions")
+        fresh_best: Backend | None = None
+        try:
+            fresh_best = self._open(best)
+            backend = self._open(cand)
+            comparison = self._compare(fresh_best, backend, best.label, cand.label)
+        except (KeyboardInterrupt, SystemExit):
+            backend.close()
+            raise
+        except Exception as exc:
+            backend.close()
+            record.status, record.reason = "failed", f"confirmation benchmark failed: {first_line(exc)}"
+            return record, None, None, accuracy
+        finally:
+            if fresh_best is not None:
+                fresh_best.close()
+        record.details["confirmation"] = comparison.to_json()
+        self._judge(record, comparison, best.label, best_speedup)
+        if record.status != "kept":
+            record.reason = (
+                f"the first measurement's gain (ratio {first.ratio:.3f}) did not repeat on fresh sessions: "
+                + record.reason
+            )
+        return record, backend, comparison, accuracy
+
+    def _compare(self, a: Backend, b: Backend, label_a: str, label_b: str) -> Any:
+        return self.compare_fn(
+            a, b, self.feeds, self.feeds, self.settings,
+            labels=(label_a, label_b), metric=self.metric,
+            progress=self._bench_progress(f"{label_b} vs {label_a}"),
+        )  # fmt: skip
+
+    def _judge(self, record: StageRecord, comparison: Any, best_label: str, best_speedup: float) -> None:
+        judge.judge_candidate(
+            record,
+            comparison,
+            metric=self.metric,
+            best_label=best_label,
+            best_speedup=best_speedup,
+            min_improvement=self.recipe.min_improvement,
+        )
+
+    # -- the end --------------------------------------------------------------------------------
+
+    def _finish(
+        self,
+        baseline: Candidate,
+        base_meas: Any,
+        best: Candidate,
+        best_accuracy: AccuracyResult,
+        kept_chain: list[dict[str, Any]],
+    ) -> PipelineResult:
+        from optimize.artifact import write_artifact
+        from optimize.report import (
+            render_markdown,  # moving to optimize.render.markdown
+            write_report,
+        )
+
+        final: dict[str, Any] | None = None
+        if best is baseline:
+            best_meas = base_meas
+            speedup, speedup_ci = 1.0, (1.0, 1.0)
+        else:
+            # The headline number: the artifact against the baseline, interleaved, in this run.
+            self.progress.status(f"final: {best.label} vs baseline, side by side")
+            base_backend = self._open(baseline)
+            best_backend = self._open(best)
+            try:
+                comparison = self.compare_fn(
+                    base_backend, best_backend, self.feeds, self.feeds, self.settings,
+                    labels=("baseline", best.label), metric=self.metric,
+                    progress=self._bench_progress("final comparison"),
+                )  # fmt: skip
+            finally:
+                base_backend.close()
+                best_backend.close()
+            best_meas = comparison.b
+            final = comparison.to_json()
+            speedup = 1.0 / comparison.ratio
+            lo, hi = comparison.ratio_ci95
+            speedup_ci = (1.0 / hi, 1.0 / lo)
+            self.results += [comparison.a.to_json(), comparison.b.to_json()]
+            self.results[-2]["label"] = "baseline (final comparison)"
+            self.results[-1]["label"] = f"{best.label} (final comparison)"
+            if judge.original_wins_final(comparison):
+                self.warnings.append(
+                    f"{best.label} measured slower than the baseline in the final side-by-side comparison "
+                    f"(speedup {speedup:.2f}x, CI {speedup_ci[0]:.2f}–{speedup_ci[1]:.2f}); "
+                    "the artifact is the original model"
+                )
+                best, best_meas, best_accuracy, kept_chain = baseline, comparison.a, best_accuracy, []
+                speedup, speedup_ci = 1.0, (1.0, 1.0)
+
+        if best is not baseline:
+            # The target verdict is about what the user's application gets: the artifact alone in
+            # its process. Interleaved with another session (the comparisons above) the two thread
+            # pools spin against each other on few cores, which inflates both sides' latency; that
+            # cancels in a ratio but not in an absolute number.
+            self.progress.status(f"final: {best.label} alone, for the target verdict")
+            alone = self._open(best)
+            try:
+                best_meas = self.measure_fn(
+                    alone, self.feeds, self.settings, best.label,
+                    progress=self._bench_progress("final, alone"),
+                )  # fmt: skip
+            finally:
+                alone.close()
+            self.results.append({**best_meas.to_json(), "label": f"{best.label} (alone, for the target)"})
+
+        value, lo_v, hi_v = percentile_ci(best_meas.samples_ms, self.metric)
+        verdict, exit_code, met = judge.target_verdict(value, self.request.target_ms, self.metric)
+
+        accuracy = (
+            accuracy_json(best_accuracy)
+            if best is not baseline
+            else accuracy_json(check(self.reference, self.reference, self.recipe.accuracy))
+        )
+        figures = FinalFigures(
+            best=best,
+            accuracy=accuracy,
+            kept_chain=kept_chain,
+            speedup=speedup,
+            speedup_ci=speedup_ci,
+            final_comparison=final,
+            best_ms=value,
+            best_ms_ci=(lo_v, hi_v),
+            verdict=verdict,
+            exit_code=exit_code,
+            met=met,
+        )
+        report = optimize_report(self, figures)
+        section = report["optimize"]
+        report_md = render_markdown(report)
+        self.progress.status(f"writing the artifact to {self.out_dir}")
+        write_artifact(
+            self.out_dir,
+            candidate=best,
+            input_spec=self.input_spec.to_json(),
+            outputs=self.outputs_spec,
+            history=[r.to_json() for r in self.records],
+            accuracy=section["accuracy"],
+            chain_details=kept_chain,
+            report=report,
+            report_md=report_md,
+            extra={
+                "source_model": report["model"],
+                "target": section["target"],
+                "speedup": speedup,
+                "speedup_ci95": list(speedup_ci),
+                "recipe": self.recipe.name,
+            },
+            report_writer=write_report,
+            force=self.request.force,
+        )
+        partial_report_path(self.out_dir).unlink(missing_ok=True)
+        return PipelineResult(report, self.records, best, exit_code, self.out_dir, verdict)
+
+    def _write_partial(self, exc: BaseException) -> None:
+        write_partial_report(self, exc)
+
+
+def optimize(
+    request: OptimizeRequest,
+    *,
+    progress: Progress | None = None,
+    stage_factory: StageFactory | None = None,
+    measure_fn: MeasureFn | None = None,
+    compare_fn: CompareFn | None = None,
+    known_stages: Sequence[str] | None = None,
+) -> PipelineResult:
+    """Run `lto optimize` for `request`: choose the recipe, run the pipeline, write the artifact."""
+    request.validate()
+    recipe, kind = choose_recipe(request, known_stages=known_stages)
+    notes = apply_overrides(recipe, request)
+    pipeline = Pipeline(
+        request,
+        recipe,
+        model_kind=kind,
+        stage_factory=stage_factory,
+        measure_fn=measure_fn,
+        compare_fn=compare_fn,
+        progress=progress,
+        recipe_notes=notes,
+    )
+    return pipeline.run()
