@@ -33,7 +33,8 @@ from optimize.errors import LtoError  # noqa: E402
 from optimize.files import write_text_atomic  # noqa: E402
 from optimize.gpu import gpu_status  # noqa: E402
 from optimize.inputs import resolve_inputs  # noqa: E402
-from optimize.report import new_report, render_markdown, write_report  # noqa: E402
+from optimize.render.markdown import render_markdown  # noqa: E402
+from optimize.report import new_report, write_report  # noqa: E402
 from optimize.runtimes import open_backend  # noqa: E402
 
 

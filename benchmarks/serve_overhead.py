@@ -38,8 +38,8 @@ from optimize.inputs import parse_shape_args, resolve_inputs  # noqa: E402
 from optimize.runtimes import open_backend  # noqa: E402
 from optimize.serve.batcher import Batcher, BatcherConfig  # noqa: E402
 from optimize.serve.loadgen import (  # noqa: E402
-    HttpTarget,
-    InProcessTarget,
+    HttpEndpoint,
+    InProcessEndpoint,
     LoadSettings,
     run_load,
 )
@@ -125,9 +125,9 @@ async def low_load(
     backend = open_backend("onnxruntime", model, SERVE_CONFIG)
     batcher = Batcher([open_backend("onnxruntime", model, SERVE_CONFIG)], BatcherConfig())
     await batcher.start(feeds)
-    http = HttpTarget(url, "m", feeds)
+    http = HttpEndpoint(url, "m", feeds)
     await http.open()
-    inproc = InProcessTarget(batcher, feeds)
+    inproc = InProcessEndpoint(batcher, feeds)
     alone: list[float] = []
     http_floor: list[float] = []
     over_http: list[float] = []
@@ -186,7 +186,7 @@ async def interleaved_max_qps(
     """Climb one ladder of Poisson rates (x1.26 a step) for both servers, taking turns at each
     rate, so that both meet the same machine conditions; a server leaves the ladder after two
     failed rates in a row. Max QPS = the highest rate that met the SLO."""
-    targets = {name: HttpTarget(url, "m", feeds) for name, url in urls.items()}
+    targets = {name: HttpEndpoint(url, "m", feeds) for name, url in urls.items()}
     for target in targets.values():
         await target.open()
     try:

@@ -5,7 +5,8 @@ MatMul+Tanh layers fed by the model's float input or output with the most rows, 
 its multiply-accumulates are `extra` x the model's (MatMul, Gemm and Conv counted). The chain
 is reduced to a scalar, multiplied by zero and added to a float output, so the runtime must
 compute it; Tanh keeps every value finite, so 0 * chain is exactly 0 and the outputs are
-bit-identical to the original's.
+bit-identical to the original's. The model surgery is `tests/models.py` (`add_extra_work`),
+which the gate's tests use too.
 
     python benchmarks/slow_model.py sample_models/mlp_small.onnx /tmp/mlp_slow.onnx --extra 15%
 """
@@ -13,130 +14,15 @@ bit-identical to the original's.
 from __future__ import annotations
 
 import argparse
-import math
+import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-def _static_copy(model: onnx.ModelProto, dims: dict[str, int]) -> onnx.ModelProto:
-    """A copy with every named dynamic input dim pinned (unknown names -> 1) and shapes inferred."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    for value in copy.graph.input:
-        for d in value.type.tensor_type.shape.dim:
-            if not d.HasField("dim_value"):
-                d.dim_value = dims.get(d.dim_param, 1)
-    return onnx.shape_inference.infer_shapes(copy)
-
-
-def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
-    shapes: dict[str, list[int]] = {}
-    for value in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
-        dims = value.type.tensor_type.shape.dim
-        if all(d.HasField("dim_value") for d in dims):
-            shapes[value.name] = [int(d.dim_value) for d in dims]
-    for init in model.graph.initializer:
-        shapes[init.name] = list(init.dims)
-    return shapes
-
-
-def count_macs(model: onnx.ModelProto, dims: dict[str, int] | None = None) -> int:
-    """Multiply-accumulates of MatMul, Gemm and Conv (the work that dominates these models)."""
-    inferred = _static_copy(model, dims or {})
-    shapes = _shapes(inferred)
-    total = 0
-    for node in inferred.graph.node:
-        if node.op_type in ("MatMul", "Gemm"):
-            a, b = shapes.get(node.input[0]), shapes.get(node.input[1])
-            out = shapes.get(node.output[0])
-            if a is None or b is None or out is None:
-                raise ValueError(f"cannot infer the shapes of {node.op_type} {node.name!r}")
-            trans_a = any(at.name == "transA" and at.i for at in node.attribute)
-            k = a[-2] if (node.op_type == "Gemm" and trans_a) else a[-1]
-            total += math.prod(out) * k
-        elif node.op_type == "Conv":
-            w, out = shapes.get(node.input[1]), shapes.get(node.output[0])
-            if w is None or out is None:
-                raise ValueError(f"cannot infer the shapes of Conv {node.name!r}")
-            total += math.prod(out) * math.prod(w[1:])
-    return total
-
-
-def add_extra_work(
-    model: onnx.ModelProto,
-    extra: float,
-    *,
-    width: int = 128,
-    dims: dict[str, int] | None = None,
-    seed: int = 0,
-) -> tuple[onnx.ModelProto, int]:
-    """Return (slower model, chain layers) with about `extra` x the model's MACs added.
-
-    `dims` pins named dynamic dims for the MAC count (e.g. {"sequence": 128}); the batch dim
-    cancels out because the chain's work scales with it like the model's.
-    """
-    if extra <= 0:
-        raise ValueError("extra must be positive")
-    base = count_macs(model, dims)
-    inferred = _static_copy(model, dims or {})
-    shapes = _shapes(inferred)
-    floats = [
-        v
-        for v in [*model.graph.input, *model.graph.output]
-        if v.type.tensor_type.elem_type == TensorProto.FLOAT and v.name in shapes and shapes[v.name]
-    ]
-    target = next((o for o in model.graph.output if o in floats), None)
-    if target is None:
-        raise ValueError("the model has no float output with a known shape to add the extra work to")
-    # Feed the chain from the float tensor with the most rows: a GEMM over many rows runs at
-    # the machine's real compute rate, a chain of matrix-vector products would be all overhead.
-    source = max(floats, key=lambda v: math.prod(shapes[v.name][:-1]))
-    rows, depth = math.prod(shapes[source.name][:-1]), shapes[source.name][-1]
-    layers = round((extra * base - rows * depth * width) / (rows * width * width))
-    if layers > 16:  # widen rather than stack hundreds of tiny layers
-        width = max(width, 16 * round(math.sqrt(extra * base / (rows * 16)) / 16))
-        layers = round((extra * base - rows * depth * width) / (rows * width * width))
-    if layers < 1:  # the projection alone is too much: one layer, narrower, to hit the target
-        layers = 1
-        width = max(8, round((-depth + math.sqrt(depth * depth + 4 * extra * base / rows)) / 2))
-
-    slow = onnx.ModelProto()
-    slow.CopyFrom(model)
-    graph = slow.graph
-    pre = f"{target.name}__before_extra_work"
-    for node in graph.node:
-        for i, name in enumerate(node.output):
-            if name == target.name:
-                node.output[i] = pre
-    rng = np.random.default_rng(seed)
-
-    def weight(name: str, n_in: int, n_out: int) -> str:
-        arr = (rng.standard_normal((n_in, n_out)) / math.sqrt(n_in)).astype(np.float32)
-        graph.initializer.append(numpy_helper.from_array(arr, name))
-        return name
-
-    x = pre if source.name == target.name else source.name
-    nodes = []
-    for i in range(layers + 1):
-        w = weight(f"extra_work.w{i}", depth if i == 0 else width, width)
-        mm, th = f"extra_work.mm{i}", f"extra_work.tanh{i}"
-        nodes.append(helper.make_node("MatMul", [x, w], [mm], name=mm))
-        nodes.append(helper.make_node("Tanh", [mm], [th], name=th))
-        x = th
-    graph.initializer.append(numpy_helper.from_array(np.zeros((), np.float32), "extra_work.zero"))
-    nodes += [
-        helper.make_node("ReduceSum", [x], ["extra_work.sum"], name="extra_work.sum", keepdims=0),
-        helper.make_node(
-            "Mul", ["extra_work.sum", "extra_work.zero"], ["extra_work.nothing"], name="extra_work.mul"
-        ),
-        helper.make_node("Add", [pre, "extra_work.nothing"], [target.name], name="extra_work.add"),
-    ]
-    graph.node.extend(nodes)
-    onnx.checker.check_model(slow)
-    return slow, layers
+from tests.models import add_extra_work  # noqa: E402
 
 
 def make_slower(src: Path, dst: Path, extra: float, dims: dict[str, int] | None = None) -> int:

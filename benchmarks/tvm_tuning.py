@@ -65,12 +65,12 @@ def _ctx(
 def untuned_library(model: Path, feeds: dict[str, np.ndarray], out_dir: Path) -> Path:
     """Build without any tuning records and export it like the stage does."""
     from optimize.runtimes.tvm import import_tvm, tvm_version
-    from optimize.runtimes.tvm.cpu_target import resolve_target
+    from optimize.runtimes.tvm.cpu_target import resolve_cpu_target
     from optimize.runtimes.tvm.relax_build import build, count_scheduled, fuse, import_onnx
     from optimize.runtimes.tvm.sidecar import write_sidecar
 
     import_tvm(for_tuning=True)
-    info = resolve_target()
+    info = resolve_cpu_target()
     imported = import_onnx(model, feeds)
     fused = fuse(imported.raw, info.target)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -101,7 +101,7 @@ def bench_one(name: str, args: argparse.Namespace, console: Any) -> dict[str, An
 
 
 def _bench_one(name: str, args: argparse.Namespace, console: Any, work: Path) -> dict[str, Any]:
-    from optimize.bench import BenchSettings
+    from optimize.bench import BenchSettings, measure_where_it_runs
     from optimize.inputs import resolve_inputs
     from optimize.runtimes.subprocess import SubprocessBackend
     from optimize.runtimes.tvm.backend import TvmBackend
@@ -124,14 +124,14 @@ def _bench_one(name: str, args: argparse.Namespace, console: Any, work: Path) ->
         ort = SubprocessBackend(model, {}, hosted_kind="onnxruntime")
         try:
             reference = ort.run(feeds)
-            row["ort"] = ort.measure(feeds, settings, "onnxruntime").to_json()
+            row["ort"] = measure_where_it_runs(ort, feeds, settings, "onnxruntime").to_json()
         finally:
             ort.close()
 
         status("untuned TVM build")
         untuned = TvmBackend(untuned_library(model, feeds, work / "untuned"), {})
         try:
-            row["tvm_untuned"] = untuned.measure(feeds, settings, "tvm-untuned").to_json()
+            row["tvm_untuned"] = measure_where_it_runs(untuned, feeds, settings, "tvm-untuned").to_json()
         finally:
             untuned.close()
 
@@ -143,12 +143,12 @@ def _bench_one(name: str, args: argparse.Namespace, console: Any, work: Path) ->
             row["skipped"] = reason
             return row
         from optimize.runtimes.tvm import import_tvm
-        from optimize.runtimes.tvm.cpu_target import resolve_target
+        from optimize.runtimes.tvm.cpu_target import resolve_cpu_target
         from optimize.runtimes.tvm.relax_build import fuse, import_onnx
         from optimize.runtimes.tvm.tuning import task_states
 
         import_tvm(for_tuning=True)
-        info = resolve_target()
+        info = resolve_cpu_target()
         n_tasks = len(task_states(fuse(import_onnx(model, feeds).raw, info.target), info.target))
         trials = args.trials_per_task * n_tasks
         options.update(trials=trials, trials_per_iter=min(args.trials_per_task, 8))
@@ -183,7 +183,7 @@ def _bench_one(name: str, args: argparse.Namespace, console: Any, work: Path) ->
             row["max_abs_diff_vs_ort"] = max(
                 float(np.max(np.abs(outputs[k].astype(np.float64) - reference[k]))) for k in reference
             )
-            row["tvm_tuned"] = tuned.measure(feeds, settings, "tvm-tuned").to_json()
+            row["tvm_tuned"] = measure_where_it_runs(tuned, feeds, settings, "tvm-tuned").to_json()
             # What a call through the worker costs on top of the model (the pipeline's interleaved
             # comparison pays it): paired per call, the child times backend.run itself.
             overheads = []

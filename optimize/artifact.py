@@ -14,54 +14,19 @@ CPU has the instructions the artifact was built for before anything runs it.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from optimize.env import VNNI_FLAGS, has_vnni, nchwc_block_width
 from optimize.errors import ModelError
 from optimize.files import atomic_directory, sha256_file, write_json_atomic, write_markdown_atomic
-from optimize.onnx_utils import NCHWC_DOMAIN, QUANT_OPS, has_vnni, iter_nodes, nchwc_block_width
-from optimize.stage import Candidate
+from optimize.onnx_file import NCHWC_DOMAIN, QUANT_OPS, external_data_paths, iter_nodes
+from optimize.runtime_model import RuntimeModel
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
-
-VNNI_FLAGS = ["avx512_vnni", "avx_vnni", "amx_int8"]
-
-
-def external_data_files(model_path: Path) -> list[Path]:
-    """Side files holding an ONNX model's external tensors (relative to the model's folder)."""
-    if model_path.suffix != ".onnx" or not model_path.is_file():
-        return []
-    import onnx
-
-    try:
-        model = onnx.load(str(model_path), load_external_data=False)
-    except Exception:  # not our job to judge the file here; the backend load reports it
-        return []
-    locations: set[str] = set()
-    for tensor in _all_tensors(model.graph):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            for entry in tensor.external_data:
-                if entry.key == "location":
-                    locations.add(entry.value)
-    return [model_path.parent / loc for loc in sorted(locations)]
-
-
-def _all_tensors(graph: Any) -> Iterator[Any]:
-    """Initializers and tensor attributes of a graph and all its subgraphs (If/Loop/Scan bodies)."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            if attr.HasField("g"):
-                yield from _all_tensors(attr.g)
-            for sub in attr.graphs:
-                yield from _all_tensors(sub)
 
 
 def cpu_requirements(
@@ -108,7 +73,7 @@ def cpu_requirements(
             if {n.op_type for n in nodes} & QUANT_OPS and has_vnni(flags):
                 isa.append(
                     {
-                        "any_of": [f for f in VNNI_FLAGS],
+                        "any_of": list(VNNI_FLAGS),
                         "why": "int8 kernels were accuracy-checked with VNNI; without it u8s8 sums saturate",
                     }
                 )
@@ -135,12 +100,12 @@ def check_cpu(requirements: Mapping[str, Any], flags: Iterable[str]) -> str | No
     return None
 
 
-def _copy_model_files(candidate: Candidate, staging: Path) -> tuple[str, list[str]]:
+def _copy_model_files(candidate: RuntimeModel, staging: Path) -> tuple[str, list[str]]:
     """Copy the candidate's model and side files; returns (model file name, side file names)."""
     src = candidate.model_path
     model_name = f"model{src.suffix}" if src.suffix else "model"
     shutil.copyfile(src, staging / model_name)
-    extras = list(candidate.extra_files) or external_data_files(src)
+    extras = list(candidate.extra_files) or external_data_paths(src)
     names: list[str] = []
     for extra in extras:
         extra = Path(extra)
@@ -172,7 +137,7 @@ def _file_table(root: Path) -> dict[str, dict[str, Any]]:
 def write_artifact(
     out_dir: Path,
     *,
-    candidate: Candidate,
+    candidate: RuntimeModel,
     input_spec: Mapping[str, Any],
     outputs: list[dict[str, Any]],
     history: list[dict[str, Any]],
@@ -225,17 +190,6 @@ def write_artifact(
         }
         write_json_atomic(staging / MANIFEST, manifest)
     return out_dir
-
-
-@dataclass
-class LoadedArtifact:
-    directory: Path
-    backend: str
-    model_path: Path
-    runtime_config: dict[str, Any]
-    input_spec: dict[str, Any]
-    manifest: dict[str, Any]
-    warnings: list[str] = field(default_factory=list)
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -368,7 +322,7 @@ def _check_manifest_types(name: str, manifest: Mapping[str, Any]) -> None:
         raise ModelError(f"artifact {name}: {MANIFEST} runtime_config: {exc.message}", exc.hint) from None
 
 
-def load_artifact(directory: str | Path, cpu_flags: Iterable[str] | None = None) -> LoadedArtifact:
+def load_artifact(directory: str | Path, cpu_flags: Iterable[str] | None = None) -> RuntimeModel:
     """Verify an artifact (file hashes, CPU compatibility) and say how to run it.
 
     Refuses with ModelError, naming the reason, when a file is missing or changed, or this CPU
@@ -411,22 +365,22 @@ def load_artifact(directory: str | Path, cpu_flags: Iterable[str] | None = None)
             "this machine differs from the one the artifact was tuned on (fingerprint "
             f"{manifest['fingerprint']}): its recorded latencies may not hold here"
         )
-    return LoadedArtifact(
-        directory=root,
-        backend=str(manifest["backend"]),
+    return RuntimeModel(
+        label=root.name,
         model_path=root / manifest["model_file"],
+        backend=str(manifest["backend"]),
         runtime_config=dict(manifest["runtime_config"]),
-        input_spec=dict(manifest["input_spec"]),
+        precision=str(manifest.get("precision") or "fp32"),
+        artifact_dir=root,
         manifest=manifest,
+        input_spec=dict(manifest["input_spec"]),
         warnings=warnings,
     )
 
 
 __all__ = [
-    "LoadedArtifact",
     "check_cpu",
     "cpu_requirements",
-    "external_data_files",
     "load_artifact",
     "read_manifest",
     "write_artifact",

@@ -20,7 +20,7 @@ ISA_FLAGS_OF_INTEREST = (
     "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve", "i8mm", "bf16",
 )  # fmt: skip
 
-PACKAGES = ("lto", "onnx", "onnxruntime", "numpy", "apache-tvm", "tensorrt", "tensorrt-rtx-cu12")
+PACKAGES = ("lto-onnx", "onnx", "onnxruntime", "numpy", "apache-tvm", "tensorrt", "tensorrt-rtx-cu12")
 
 
 @lru_cache(maxsize=1)
@@ -253,3 +253,30 @@ def _gpu_block(status: Any) -> dict[str, Any] | None:
     if not status.usable and status.kernel_driver_version is None:
         return None
     return status.to_json()
+
+
+# -- instruction sets that decide kernels and their results ---------------------------------------
+
+# int8 dot-product instructions: without them u8*s8 products can saturate in 16 bits (x86).
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def has_vnni(flags: set[str]) -> bool:
+    """int8 dot-product instructions: without them u8*s8 products can saturate in 16 bits (x86)."""
+    return bool(flags & set(VNNI_FLAGS))
+
+
+def nchwc_block_width(flags: set[str]) -> int | None:
+    """Channel block ORT's NchwcTransformer uses on this CPU (None: no NCHWc kernels).
+
+    MLAS picks 16 floats on AVX-512F and 8 on AVX2+FMA; other CPUs get no NCHWc rewrite.
+    """
+    if "avx512f" in flags:
+        return 16
+    if {"avx2", "fma"} <= flags:
+        return 8
+    return None
+
+
+def nchwc_isa_requires(block: int) -> list[str]:
+    return ["avx512f"] if block == 16 else ["avx2", "fma"]

@@ -35,10 +35,16 @@ class BackendUnavailable(LtoError):
     """A runtime (TVM, TensorRT, CUDA) is not installed or has no device here."""
 
 
+def message_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's text (native libraries write pages), or its
+    type's name when it has no text."""
+    return next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+
+
 def first_line(exc: BaseException) -> str:
     """One line for a report or a log: an LtoError's message (with its hint), else the
-    exception's type and the first non-empty line of its text."""
+    exception's type and the first line of its text."""
     if isinstance(exc, LtoError):
         return exc.one_line()
-    line = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
-    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+    line = message_line(exc)
+    return f"{type(exc).__name__}: {line}" if line != type(exc).__name__ else line

@@ -257,6 +257,12 @@ def check_output_file(
         raise UsageError(f"{flag} {target} is a file lto did not write; lto will not replace it", fix)
 
 
+def sha256_bytes(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     import hashlib
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from optimize.errors import InputError, UsageError
-from optimize.runtimes.base import TensorSpec
+from optimize.runtimes.base import TensorSpec, check_feeds
 
 _SHAPE_ARG = re.compile(r"^\s*([^=\s]+)\s*=\s*([0-9xX,\s]+)\s*$")
 
@@ -108,7 +108,7 @@ def model_input_specs(model_path: str | Path) -> list[TensorSpec]:
     """Graph inputs (not initializers) of an ONNX file, read without its weights."""
     import onnx
 
-    from optimize.model import load_model
+    from optimize.onnx_file import load_model
 
     model = load_model(model_path, load_external_data=False)
     initializers = {init.name for init in model.graph.initializer}
@@ -130,7 +130,7 @@ def model_input_specs(model_path: str | Path) -> list[TensorSpec]:
 
 def embedding_vocab_sizes(model_path: str | Path) -> dict[str, int]:
     """Input name -> rows of the embedding table it indexes (Gather on an initializer)."""
-    from optimize.model import load_model
+    from optimize.onnx_file import load_model
 
     model = load_model(model_path, load_external_data=False)
     tables = {init.name: (int(init.dims[0]) if init.dims else 0) for init in model.graph.initializer}
@@ -354,29 +354,7 @@ def _load_npz(path: Path, specs: list[TensorSpec]) -> tuple[dict[str, np.ndarray
         ) from exc
     # First: an empty array would otherwise be reported as a size mismatch on axis 0.
     warnings = check_data_arrays(data, "--input-data")
-    expected = {s.name: s for s in specs}
-    for name in data:
-        if name not in expected:
-            raise InputError(
-                f"--input-data has an array {name!r} that is not a model input",
-                f"the model's inputs are: {', '.join(expected)}",
-            )
-    for name, spec in expected.items():
-        if name not in data:
-            raise InputError(f"--input-data has no array for input {name!r}", "add one array per model input")
-        array = data[name]
-        if str(array.dtype) != spec.dtype:
-            raise InputError(f"--input-data array {name!r} is {array.dtype}, the model expects {spec.dtype}")
-        if array.ndim != len(spec.shape):
-            raise InputError(
-                f"--input-data array {name!r} has shape {list(array.shape)}, "
-                f"the model expects rank {len(spec.shape)} (shape {list(spec.shape)})"
-            )
-        for axis, (want, got) in enumerate(zip(spec.shape, array.shape, strict=True)):
-            if isinstance(want, int) and want != got:
-                raise InputError(
-                    f"--input-data array {name!r} has size {got} on axis {axis}, the model expects {want}"
-                )
+    check_feeds(specs, data, data_file="--input-data")
     return data, warnings
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optimize.errors import InputError
-from optimize.model import (
+from optimize.onnx_file import (
     check_model,
     external_data_files,
     load_model,
@@ -45,7 +45,6 @@ from optimize.model import (
 
 if TYPE_CHECKING:
     import onnx
-    from rich.console import Console
 
 ELEMENTWISE = frozenset(
     {
@@ -235,7 +234,7 @@ def _inferred_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
 
     engine = "onnxruntime symbolic shape inference"
     try:
-        from optimize.onnx_utils import symbolic_infer_shapes
+        from optimize.onnx_file import symbolic_infer_shapes
 
         inferred = symbolic_infer_shapes(model)
     except Exception:
@@ -527,107 +526,3 @@ def inspect_model(
         "checks": check_model(p),
     }
     return info
-
-
-# --------------------------------------------------------------------------------------- rendering
-
-
-def _si(n: float, unit: str = "") -> str:
-    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= factor:
-            return f"{n / factor:.2f} {prefix}{unit}"
-    return f"{n:.0f} {unit}".rstrip()
-
-
-def _bytes(n: float) -> str:
-    for factor, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if n >= factor:
-            return f"{n / factor:.2f} {unit}"
-    return f"{int(n)} B"
-
-
-def _shape_text(shape: list[int | str | None] | None) -> str:
-    if shape is None:
-        return "?"
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
-
-
-def render_inspection(info: dict[str, Any], console: Console) -> None:
-    """Rich tables for a terminal: summary, inputs/outputs, ops with their compute, checks."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    params = info["parameters"]
-    summary = Table(title=escape(info["path"]), title_justify="left", show_header=False, box=None)
-    summary.add_column(style="bold")
-    summary.add_column()
-    opsets = ", ".join(f"{d} {v}" for d, v in info["opset_imports"].items())
-    producer = " ".join(x for x in (info["producer"]["name"], info["producer"]["version"]) if x) or "-"
-    summary.add_row("file", f"{_bytes(info['size_bytes'])}  sha256 {info['sha256'][:16]}")
-    summary.add_row("IR / opset", f"IR {info['ir_version']}  ({opsets})")
-    summary.add_row("producer", producer)
-    summary.add_row("nodes", str(info["node_count"]))
-    dtypes = ", ".join(f"{k} {_si(v['count'])} ({_bytes(v['bytes'])})" for k, v in params["by_dtype"].items())
-    summary.add_row(
-        "parameters",
-        f"{params['count']:,} in {params['tensors']} initializers, {_bytes(params['bytes'])}: {dtypes}",
-    )
-    ext = info["external_data"]
-    summary.add_row(
-        "external data", f"yes: {', '.join(ext['files'])} ({_bytes(ext['bytes'])})" if ext["used"] else "no"
-    )
-    for key, value in info["metadata"].items():
-        summary.add_row(escape(f"meta {key}"), escape(value))
-    console.print(summary)
-
-    io = Table(title="inputs and outputs", title_justify="left")
-    for col in ("", "name", "dtype", "shape"):
-        io.add_column(col)
-    for kind, values in (("in", info["inputs"]), ("out", info["outputs"])):
-        for v in values:
-            io.add_row(kind, escape(v["name"]), v["dtype"], escape(_shape_text(v["shape"])))
-    console.print(io)
-
-    compute = info["compute"]
-    costs = {(r["domain"], r["op_type"]): r for r in compute.get("by_op_type", [])}
-    ops = Table(title="ops", title_justify="left")
-    ops.add_column("op")
-    ops.add_column("domain")
-    ops.add_column("count", justify="right")
-    if compute["available"]:
-        ops.add_column("MACs", justify="right")
-        ops.add_column("FLOPs", justify="right")
-        ops.add_column("share", justify="right")
-    total = compute.get("flops") or 0
-    for row in info["ops"]:
-        cells = [escape(row["op_type"]), row["domain"], str(row["count"])]
-        if compute["available"]:
-            cost = costs.get((row["domain"], row["op_type"]))
-            if cost:
-                share = f"{cost['flops'] / total:.1%}" if total else "-"
-                cells += [_si(cost["macs"]) if cost["macs"] else "-", _si(cost["flops"]), share]
-            else:
-                cells += ["-", "-", ""]
-        ops.add_row(*cells)
-    console.print(ops)
-
-    if compute["available"]:
-        shapes = ", ".join(f"{n}={'x'.join(map(str, s))}" for n, s in compute["input_shapes"].items())
-        console.print(
-            f"[bold]compute[/] at {shapes}: {_si(compute['macs'], 'MAC')}, {_si(compute['flops'], 'FLOP')}"
-            f"  [dim](shapes from {compute['shape_engine']})[/]"
-        )
-        if compute["not_counted"]:
-            listed = ", ".join(f"{k} x{v}" for k, v in compute["not_counted"].items())
-            console.print(f"[yellow]not counted[/] (no cost model): {listed}; totals are a lower bound")
-        if compute["unknown_shapes"]:
-            listed = ", ".join(f"{k} x{v}" for k, v in compute["unknown_shapes"].items())
-            console.print(f"[yellow]shape unknown[/] for {listed}; totals are a lower bound")
-    else:
-        console.print(f"[bold]compute[/]: {escape(compute['reason'])}")
-
-    checks = info["checks"]
-    for label, key in (("onnx.checker (full)", "checker"), ("shape inference (strict)", "shape_inference")):
-        item = checks[key]
-        status = "[green]ok[/]" if item["ok"] else f"[red]failed[/]: {escape(item['error'])}"
-        console.print(f"[bold]{label}[/]: {status}", highlight=False)

@@ -1,9 +1,11 @@
-"""One versioned report schema for every command that measures, and its Markdown rendering."""
+"""One versioned report schema for every command that measures: create, validate, write, load.
+
+Rendering (Markdown and terminal tables) lives in optimize.render.
+"""
 
 from __future__ import annotations
 
 import datetime as _dt
-import importlib
 import json
 import sys
 from functools import lru_cache
@@ -16,14 +18,6 @@ from optimize.files import sha256_file, write_json_atomic
 
 SCHEMA_VERSION = "1.0"
 KINDS = ("bench", "compare", "optimize", "load", "gate")
-
-# Kind-specific Markdown sections, rendered by the module that owns the data ("module:function"
-# taking the section dict and returning Markdown). Imported only when a report needs it.
-SECTION_RENDERERS: dict[str, str] = {
-    "optimize": "optimize.render.optimize_section:render_markdown_section",
-    "load": "optimize.serve.report:render_markdown_section",
-    "gate": "optimize.gate:render_markdown_section",
-}
 
 
 @lru_cache(maxsize=1)
@@ -95,100 +89,3 @@ def load_report(path: str | Path) -> dict[str, Any]:
         raise UsageError(f"{source} is not JSON: {exc}") from exc
     validate_report(report, source=str(source))
     return report
-
-
-def _ms(value: float) -> str:
-    return f"{value:.3f}"
-
-
-def measurement_rows(results: list[dict[str, Any]]) -> list[str]:
-    lines = [
-        "| label | backend | batch | p50 ms | p90 ms | p99 ms | p99.9 ms | mean ms | median 95% CI | CV | "
-        "throughput/s | runs | stable |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|",
-    ]
-    for m in results:
-        lat = m["latency_ms"]
-        lo, hi = lat["median_ci95"]
-        stability = m["stability"]
-        stable = "yes" if stability["stable"] else "no: " + "; ".join(stability["reasons"])
-        lines.append(
-            f"| {m['label']} | {m['backend']} | {m['batch_size']} | {_ms(lat['p50'])} | {_ms(lat['p90'])} | "
-            f"{_ms(lat['p99'])} | {_ms(lat['p999'])} | {_ms(lat['mean'])} | {_ms(lo)}–{_ms(hi)} | "
-            f"{lat['cv']:.1%} | {m['throughput_per_s']:.1f} | {m['runs']} | {stable} |"
-        )
-    return lines
-
-
-def _section(kind: str, data: dict[str, Any]) -> str:
-    target = SECTION_RENDERERS.get(kind)
-    if target:
-        module_name, func_name = target.split(":")
-        try:
-            render = getattr(importlib.import_module(module_name), func_name)
-        except (ImportError, AttributeError):
-            render = None
-        if render is not None:
-            return str(render(data))
-    return f"```json\n{json.dumps(data, indent=2)[:20000]}\n```"
-
-
-def render_markdown(report: dict[str, Any]) -> str:
-    env = report["environment"]
-    cpu = env["cpu"]
-    lines = [f"# lto {report['kind']} report", ""]
-    lines.append(f"- created: {report['created_at']} by lto {report['tool']['version']}")
-    if report["tool"].get("command"):
-        lines.append(f"- command: `{report['tool']['command']}`")
-    if report.get("model"):
-        model = report["model"]
-        lines.append(
-            f"- model: `{model['path']}` ({model['size_bytes']:,} bytes, sha256 {model['sha256'][:12]}…)"
-        )
-    lines.append(
-        f"- machine: {cpu['model']} ({cpu['arch']}, {cpu['logical_cores']} logical cores; "
-        f"ISA {', '.join(cpu['isa']) or 'n/a'}); {env['os']}; Python {env['python']}; "
-        f"fingerprint `{env['fingerprint']}`"
-    )
-    if env.get("packages"):
-        lines.append("- packages: " + ", ".join(f"{k} {v}" for k, v in sorted(env["packages"].items())))
-    if env.get("gpu"):
-        lines.append(f"- GPU: {env['gpu']}")
-    spec = report.get("input_spec")
-    if spec:
-        desc = ", ".join(f"{t['name']} {t['dtype']}[{'x'.join(map(str, t['shape']))}] ({t['source']})"
-                         for t in spec["inputs"])  # fmt: skip
-        lines.append(f"- inputs: {desc}")
-    if report["results"]:
-        lines += ["", "## Latency", "", *measurement_rows(report["results"])]
-        lines += [
-            "",
-            "Latency in milliseconds per batch. The median CI is a bootstrap 95% interval; "
-            "a run is marked unstable when its variation is high or other processes used the CPU.",
-        ]
-    comparison = report.get("comparison")
-    if comparison:
-        a, b = comparison["labels"]
-        lo, hi = comparison["ratio_ci95"]
-        lines += [
-            "",
-            "## Comparison (interleaved)",
-            "",
-            f"{comparison['metric']}({b}) / {comparison['metric']}({a}) = **{comparison['ratio']:.3f}** "
-            f"(95% CI {lo:.3f}–{hi:.3f}) over {comparison['chunks']} interleaved chunks: "
-            + _verdict_words(lo, hi, a, b),
-        ]
-    if report.get("warnings"):
-        lines += ["", "## Warnings", "", *[f"- {w}" for w in report["warnings"]]]
-    for kind in ("optimize", "load", "gate"):
-        if report.get(kind):
-            lines += ["", _section(kind, report[kind])]
-    return "\n".join(lines) + "\n"
-
-
-def _verdict_words(lo: float, hi: float, a: str, b: str) -> str:
-    if hi < 1.0:
-        return f"{b} is faster than {a} with 95% confidence."
-    if lo > 1.0:
-        return f"{b} is slower than {a} with 95% confidence."
-    return "no difference can be claimed at 95% confidence."

@@ -10,28 +10,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from optimize.runtime_model import RuntimeModel
 
-@dataclass
-class Candidate:
-    """A model in a runtime with its runtime configuration: something the pipeline can measure."""
-
-    label: str  # short, unique within a run: "baseline", "graph-fusion", "quantize:static-qdq"
-    model_path: Path  # the file the backend loads (ONNX, TVM shared library, TensorRT engine)
-    backend: str = "onnxruntime"
-    runtime_config: dict[str, Any] = field(default_factory=dict)
-    # Only ai.onnx-domain ops: a graph that TVM and TensorRT can read.
-    standard_ops: bool = True
-    precision: str = "fp32"
-    # What the stage did, for the report (fused ops, quantization mode, excluded nodes ...).
-    details: dict[str, Any] = field(default_factory=dict)
-    # Files besides model_path that belong to the candidate (external data, libraries).
-    extra_files: list[Path] = field(default_factory=list)
+# What a stage proposes is a model in a runtime like any other.
+Candidate = RuntimeModel
 
 
 @dataclass

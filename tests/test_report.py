@@ -8,7 +8,7 @@ import pytest
 
 from optimize.errors import LtoError, UsageError
 from optimize.files import atomic_directory, write_json_atomic
-from optimize.report import load_report, new_report, render_markdown, validate_report, write_report
+from optimize.report import load_report, new_report, validate_report, write_report
 
 SAMPLE_MEASUREMENT = {
     "label": "m@b1",
@@ -82,16 +82,6 @@ def test_load_report_errors_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "old.json").write_text(json.dumps({"schema_version": "0.1"}))
     with pytest.raises(UsageError, match="schema_version"):
         load_report(tmp_path / "old.json")
-
-
-def test_markdown_rendering_has_the_numbers(tmp_path: Path) -> None:
-    report = _report(tmp_path)
-    report["comparison"] = {"labels": ["A", "B"], "metric": "p50", "ratio": 0.5, "ratio_ci95": [0.45, 0.55],
-                            "speedup": 2.0, "chunks": 8}  # fmt: skip
-    text = render_markdown(report)
-    assert "| m@b1 | onnxruntime | 1 | 1.100 |" in text
-    assert "B is faster than A" in text
-    assert report["environment"]["fingerprint"] in text
 
 
 def test_atomic_directory_keeps_old_contents_on_failure(tmp_path: Path) -> None:

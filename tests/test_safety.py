@@ -134,7 +134,18 @@ def test_report_outputs_follow_the_same_rule(tmp_path: Path) -> None:
         ("bench", model, "--time", "0.2", "-o", user_file),
         ("bench", model, "--time", "0.2", "--markdown", user_file),
         ("load", model, "--requests", "5", "-o", user_file),
-        ("gate", "--rerun", "-b", model, "-c", model, "--time", "0.2", "--markdown", user_file),
+        (
+            "gate",
+            "--rerun",
+            "--baseline",
+            model,
+            "--candidate",
+            model,
+            "--time",
+            "0.2",
+            "--markdown",
+            user_file,
+        ),
         ("serve", model, "--validate", "--requests", "5", "-o", user_file),
     ]
     for args in cases:

@@ -7,7 +7,16 @@ from optimize.bench.engine import (
     Measurement,
     compare,
     measure,
+    measure_where_it_runs,
     median_ci_rel_width,
 )
 
-__all__ = ["BenchSettings", "Comparison", "Measurement", "compare", "measure", "median_ci_rel_width"]
+__all__ = [
+    "BenchSettings",
+    "Comparison",
+    "Measurement",
+    "compare",
+    "measure",
+    "measure_where_it_runs",
+    "median_ci_rel_width",
+]

@@ -14,8 +14,8 @@ from optimize.bench.engine import BenchSettings, Comparison, Measurement, compar
 from optimize.errors import InputError, UsageError
 from optimize.inputs import InputSpec, check_memory, feeds_from_spec, resolve_inputs
 from optimize.report import new_report
-from optimize.runtimes import Backend, open_backend
-from optimize.targets import Target, resolve_target
+from optimize.runtime_model import RuntimeModel, resolve_model
+from optimize.runtimes import Backend
 
 Progress = Callable[[str, int, float], None]
 
@@ -52,8 +52,8 @@ def parse_batches(text: str | None) -> list[int]:
 
 
 @contextmanager
-def opened(target: Target, overrides: dict[str, Any]) -> Iterator[Backend]:
-    backend = open_backend(target.backend, target.model_path, {**target.runtime_config, **overrides})
+def opened(target: RuntimeModel, overrides: dict[str, Any]) -> Iterator[Backend]:
+    backend = target.open(overrides)
     try:
         yield backend
     finally:
@@ -61,12 +61,12 @@ def opened(target: Target, overrides: dict[str, Any]) -> Iterator[Backend]:
 
 
 def target_inputs(
-    target: Target, backend: Backend, request: BenchRequest, batch: int | None
+    target: RuntimeModel, backend: Backend, request: BenchRequest, batch: int | None
 ) -> tuple[InputSpec, dict[str, np.ndarray]]:
     """Inputs for a target: explicit flags win; an artifact's stored spec otherwise."""
     explicit = bool(request.shapes) or request.input_data is not None
-    if target.stored_input_spec is not None and not explicit:
-        spec = InputSpec.from_json(target.stored_input_spec)
+    if target.input_spec is not None and not explicit:
+        spec = InputSpec.from_json(target.input_spec)
         if batch is None or batch == spec.batch_size:
             # A manifest's shapes are data too: an edited one must not allocate past memory.
             check_memory([(t.name, t.dtype, t.shape) for t in spec.tensors], target.model_path)
@@ -85,7 +85,7 @@ def target_inputs(
 
 def run_bench(request: BenchRequest, progress: Progress | None = None) -> dict[str, Any]:
     """Measure a target (or a batch sweep of it) and return a report of kind 'bench'."""
-    target = resolve_target(request.model, request.backend)
+    target = resolve_model(request.model, request.backend)
     overrides = dict(request.runtime_overrides)
     if target.backend == "tvm":
         # Alone in this process, TVM has no thread pool to fight: run it here, so the timings
@@ -119,8 +119,8 @@ def run_bench(request: BenchRequest, progress: Progress | None = None) -> dict[s
 def run_compare(request: BenchRequest, progress: Progress | None = None) -> dict[str, Any]:
     """Measure two targets interleaved (A B B A ...) and report the ratio with its CI."""
     assert request.compare_with is not None
-    target_a = resolve_target(request.model, request.backend, label="A")
-    target_b = resolve_target(request.compare_with, request.backend, label="B")
+    target_a = resolve_model(request.model, request.backend, label="A")
+    target_b = resolve_model(request.compare_with, request.backend, label="B")
     batch = request.batches[0] if request.batches else None
     if len(request.batches) > 1:
         raise UsageError("--compare measures one batch size", "give a single --batch with --compare")
@@ -156,7 +156,7 @@ def run_compare(request: BenchRequest, progress: Progress | None = None) -> dict
     return report
 
 
-def _artifact(target: Target) -> dict[str, Any] | None:
+def _artifact(target: RuntimeModel) -> dict[str, Any] | None:
     if target.artifact_dir is None:
         return None
     return {"dir": str(target.artifact_dir), "verified": True}

@@ -321,3 +321,22 @@ def _ratio_ci_rel_halfwidth(
         return math.inf
     ratio, lo, hi = interleaved_ratio_ci(blocks_a[:usable], blocks_b[:usable], metric=metric, n=300)
     return (hi - lo) / 2.0 / ratio
+
+
+def measure_where_it_runs(
+    backend: Backend,
+    feeds: Mapping[str, np.ndarray],
+    settings: BenchSettings | None = None,
+    label: str = "model",
+    batch_size: int | None = None,
+) -> Measurement:
+    """`measure`, run inside the process that hosts the model (a TVM library isolated in a
+    child, say), so that the inter-process round trip is not in the figure."""
+    from optimize.runtimes.subprocess import SubprocessBackend
+
+    host = backend if isinstance(backend, SubprocessBackend) else getattr(backend, "host", None)
+    if isinstance(host, SubprocessBackend):
+        return host.call_in_child(  # type: ignore[no-any-return]
+            "optimize.bench.engine:measure", dict(feeds), settings, label, batch_size
+        )
+    return measure(backend, feeds, settings, label=label, batch_size=batch_size)

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: every failure becomes one line on stderr and an exit code."""
     from optimize import interrupts
     from optimize.cli.common import err_console
-    from optimize.errors import LtoError
+    from optimize.errors import LtoError, first_line
 
     interrupts.install_handlers()
     try:
@@ -84,9 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if os.environ.get("LTO_DEBUG"):
             raise
-        first_line = str(exc).splitlines()[0] if str(exc) else ""
         err_console.print(
-            f"[bold red]internal error:[/] {type(exc).__name__}: {first_line} "
+            f"[bold red]internal error:[/] {first_line(exc)} "
             "(set LTO_DEBUG=1 for the traceback and please report it)",
             highlight=False,
             soft_wrap=True,

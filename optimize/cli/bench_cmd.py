@@ -7,7 +7,16 @@ from typing import Any
 
 import typer
 
-from optimize.cli.common import InputDataOption, JsonOption, ShapeOption, console, err_console, print_json
+from optimize.cli.common import (
+    DURATION_UNITS_HELP,
+    InputDataOption,
+    JsonOption,
+    ShapeOption,
+    console,
+    err_console,
+    print_json,
+)
+from optimize.units import duration_parser
 
 EPILOG = """
 [bold]Examples[/]
@@ -17,7 +26,7 @@ EPILOG = """
   lto bench sample_models/bert_tiny.onnx --shape sequence=128 --batch 1,8,32
   lto bench sample_models/resnet_tiny.onnx --compare reports/resnet_tiny/   [dim](interleaved A/B)[/]
   lto bench --artifact reports/resnet_tiny/ -o reports/artifact-bench.json
-  lto bench model.onnx --input-data inputs.npz --threads 2 --time 30 --ci-target 0.01 --json
+  lto bench model.onnx --input-data inputs.npz --threads 2 --time 30s --ci-target 0.01 --json
 """
 
 
@@ -57,7 +66,11 @@ def bench(
     ),
     max_runs: int = typer.Option(5000, "--runs", min=1, help="Most timed runs."),
     max_time: float = typer.Option(
-        10.0, "--time", min=0.01, help="Most seconds of timed runs per measurement."
+        "10s",
+        "--time",
+        parser=duration_parser("--time", minimum=0.01),
+        metavar="DURATION",
+        help=f"Most time of timed runs per measurement: {DURATION_UNITS_HELP}.",
     ),
     ci_target: float = typer.Option(
         0.02,
@@ -80,7 +93,8 @@ def bench(
     from optimize.errors import UsageError
     from optimize.files import check_output_file, write_markdown_atomic
     from optimize.inputs import parse_shape_args
-    from optimize.report import render_markdown, write_report
+    from optimize.render.markdown import render_markdown
+    from optimize.report import write_report
 
     if (model is None) == (artifact is None):
         raise UsageError("give a MODEL or --artifact DIR (one of them)", "see lto bench --help")

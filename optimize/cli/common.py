@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -26,3 +26,21 @@ INPUT_DATA_HELP = "Real inputs: an .npz file with one array per model input."
 ShapeOption = typer.Option([], "--shape", "-s", help=SHAPE_HELP, metavar="NAME=DxD")
 InputDataOption = typer.Option(None, "--input-data", help=INPUT_DATA_HELP, metavar="FILE.npz")
 JsonOption = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
+
+# Units in help texts, one wording for every command (parsers: optimize/units.py).
+DURATION_UNITS_HELP = "90s, 1.5s, 10m, 1h30m; a bare number is seconds"
+PERCENTILE_UNITS_HELP = "p50, p90, p99, p99.9; a bare number such as 99 is still accepted"
+
+_T = TypeVar("_T")
+
+
+def deprecated_alias(value: _T | None, old_value: _T | None, flag: str, old_flag: str) -> _T | None:
+    """The value of `flag`, or of its hidden deprecated spelling `old_flag` with a warning."""
+    if old_value is None:
+        return value
+    if value is not None:
+        from optimize.errors import UsageError
+
+        raise UsageError(f"{old_flag} is the old name of {flag}: give one of them")
+    err_console.print(f"[yellow]warning:[/] {old_flag} is deprecated, use {flag}", highlight=False)
+    return old_value

@@ -7,7 +7,16 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from optimize.cli.common import InputDataOption, JsonOption, ShapeOption, console, err_console, print_json
+from optimize.cli.common import (
+    DURATION_UNITS_HELP,
+    InputDataOption,
+    JsonOption,
+    ShapeOption,
+    console,
+    err_console,
+    print_json,
+)
+from optimize.units import duration_parser, percentile_key_parser
 
 if TYPE_CHECKING:
     from optimize.gate import GateResult, GateSettings, RerunRequest
@@ -19,11 +28,11 @@ Inconclusive = too noisy to decide, or not comparable (other machine, inputs or 
 
 [bold]Examples[/]
 
-  lto gate -b main.json -c pr.json --max-regression 5%       [dim](two reports, p50, 5% budget)[/]
-  lto gate -b main.json -c pr.json -m p99 --markdown sum.md  [dim](tail latency, CI job summary)[/]
-  lto gate -b opt.json -c opt2.json --label final           [dim](the shipped artifact's row)[/]
-  lto gate --baseline-dir .lto-baselines -c pr.json --update-baseline   [dim](one baseline per machine)[/]
-  lto gate --rerun -b model.onnx -c artifact/ --time 10 --json          [dim](measure both here, A/B/A/B)[/]
+  lto gate --baseline main.json --candidate pr.json --max-regression 5%   [dim](p50, 5% budget)[/]
+  lto gate --baseline main.json --candidate pr.json -m p99 --markdown sum.md  [dim](tail, CI summary)[/]
+  lto gate --baseline opt.json --candidate opt2.json --label final   [dim](the shipped artifact's row)[/]
+  lto gate --baseline-dir .lto-baselines --candidate pr.json --update-baseline  [dim](per machine)[/]
+  lto gate --rerun --baseline model.onnx --candidate artifact/ --time 10s --json  [dim](A/B/A/B here)[/]
 """
 
 
@@ -31,10 +40,10 @@ def register(app: typer.Typer) -> None:
     @app.command("gate", epilog=EPILOG)
     def gate(
         candidate: Path = typer.Option(
-            ..., "--candidate", "-c", help="Candidate report (.json), or model/artifact with --rerun."
+            ..., "--candidate", help="Candidate report (.json), or model/artifact with --rerun."
         ),
         baseline: Path | None = typer.Option(
-            None, "--baseline", "-b", help="Baseline report (.json), or model/artifact with --rerun."
+            None, "--baseline", help="Baseline report (.json), or model/artifact with --rerun."
         ),
         baseline_dir: Path | None = typer.Option(
             None,
@@ -54,7 +63,14 @@ def register(app: typer.Typer) -> None:
             "--force-update-baseline",
             help="Store the candidate as the baseline whatever the verdict (accept a slowdown on purpose).",
         ),
-        metric: str = typer.Option("p50", "--metric", "-m", help="p50, p90, p99 or throughput."),
+        metric: str = typer.Option(
+            "p50",
+            "--metric",
+            "-m",
+            parser=percentile_key_parser("--metric", extra=("throughput",)),
+            metavar="METRIC",
+            help="p50, p90, p99 or throughput (a bare number such as 99 is still accepted).",
+        ),
         max_regression: str = typer.Option(
             "5%", "--max-regression", help="Largest allowed slowdown: 5% or 0.05."
         ),
@@ -74,7 +90,11 @@ def register(app: typer.Typer) -> None:
             False, "--rerun", help="Measure --baseline and --candidate models interleaved here, then decide."
         ),
         max_time: float = typer.Option(
-            10.0, "--time", help="--rerun: most seconds of timed runs per interleaved run."
+            "10s",
+            "--time",
+            parser=duration_parser("--time"),
+            metavar="DURATION",
+            help=f"--rerun: most time of timed runs per interleaved run: {DURATION_UNITS_HELP}.",
         ),
         no_confirm: bool = typer.Option(
             False, "--no-confirm", help="--rerun: do not confirm a regression with a second run."
@@ -142,7 +162,9 @@ def register(app: typer.Typer) -> None:
                 force_update_baseline=force_update_baseline,
             )
         if markdown is not None:
-            write_markdown_atomic(markdown, g.render_markdown(result))
+            from optimize.render.markdown import gate_section
+
+            write_markdown_atomic(markdown, gate_section(result.to_json()))
         if output is not None:
             from optimize.report import write_report
 
@@ -150,7 +172,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(result.to_json())
         else:
-            console.print(g.render_table(result))
+            from optimize.render.terminal import render_gate
+
+            render_gate(result.to_json(), console)
         raise typer.Exit(result.exit_code)
 
 

@@ -28,7 +28,8 @@ def inspect(
 ) -> None:
     """Show an ONNX model's versions, inputs/outputs, ops, parameters, FLOPs and validity."""
     from optimize.inputs import parse_shape_args
-    from optimize.inspection import inspect_model, render_inspection
+    from optimize.inspection import inspect_model
+    from optimize.render.terminal import render_inspection
 
     info = inspect_model(model, parse_shape_args(shape))
     if json_out:

@@ -6,26 +6,37 @@ from pathlib import Path
 
 import typer
 
-from optimize.cli.common import InputDataOption, JsonOption, ShapeOption, console, err_console, print_json
+from optimize.cli.common import (
+    InputDataOption,
+    JsonOption,
+    ShapeOption,
+    console,
+    deprecated_alias,
+    err_console,
+    print_json,
+)
 from optimize.cli.serve_cmd import (
     InstancesOption,
     MaxBatchOption,
     MaxQueueOption,
     MaxWaitOption,
+    OldReportOption,
     TargetLatencyOption,
+    duration_option,
+    percentile_option,
 )
 
 EPILOG = """
 [bold]Examples[/]
 
-  lto load http://127.0.0.1:8000 --qps 200 --duration 30 --slo-ms 10    [dim](open-loop Poisson, p99 SLO)[/]
+  lto load http://127.0.0.1:8000 --qps 200 --duration 30s --slo-ms 10   [dim](open-loop Poisson, p99 SLO)[/]
   lto load http://127.0.0.1:8000 --model bert_tiny --shape sequence=128 --concurrency 8 --requests 5000
-  lto load http://127.0.0.1:8000 --find-max-qps --slo-ms 5 --percentile 99 -o load.json
+  lto load http://127.0.0.1:8000 --find-max-qps --slo-ms 5 --percentile p99 -o load.json
   lto load --artifact out/bert/ --qps 500 --requests 5000 --slo-ms 20          [dim](in-process, no HTTP)[/]
   lto load sample_models/mlp_small.onnx --concurrency 16 --requests 2000 --json
 
 Open loop (--qps) measures each latency from the scheduled arrival, so queueing is never hidden.
-A run lasts --duration seconds and at least --min-queries requests (default: ten beyond the
+A run lasts --duration (30s, 2m) and at least --min-queries requests (default: ten beyond the
 percentile, 1000 for p99), or exactly --requests. Exit code: 0 when the SLO verdict passes, 1 when not.
 """
 
@@ -44,16 +55,14 @@ def load(
     concurrency: int = typer.Option(
         1, "--concurrency", "-c", min=1, help="Closed loop: requests kept in flight."
     ),
-    duration: float = typer.Option(
-        10.0, "--duration", min=0.01, help="Seconds of load (and --min-queries at least)."
-    ),
+    duration: float = duration_option("How long to load (and --min-queries at least)"),
     requests: int | None = typer.Option(None, "--requests", "-n", min=1, help="Exactly this many requests."),
     min_queries: int | None = typer.Option(
         None, "--min-queries", min=1, help="Least requests in a --duration run."
     ),
     warmup: int = typer.Option(20, "--warmup", min=0, help="Requests sent first and not counted."),
     slo_ms: float | None = typer.Option(None, "--slo-ms", help="Latency objective in ms at --percentile."),
-    percentile: float = typer.Option(99.0, "--percentile", help="Percentile the SLO applies to."),
+    percentile: float = percentile_option("Percentile the SLO applies to"),
     max_error_rate: float = typer.Option(0.01, "--max-error-rate", min=0.0, max=1.0, help="Errors allowed."),
     find_max: bool = typer.Option(
         False, "--find-max-qps", help="Search the highest rate whose latency meets the SLO."
@@ -66,22 +75,25 @@ def load(
     target_latency_ms: float = TargetLatencyOption,
     max_queue: int = MaxQueueOption,
     instances: int = InstancesOption,
-    report: Path | None = typer.Option(
-        None, "--report", "-o", help="Write the JSON report (kind load) here."
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Write the JSON report (kind load) here."
     ),
+    old_report: Path | None = OldReportOption,
     json_out: bool = JsonOption,
 ) -> None:
     """Validate a server or artifact under load: latency percentiles, throughput, errors, SLO verdict."""
     from optimize.errors import UsageError
     from optimize.files import check_output_file
     from optimize.inputs import parse_shape_args
+    from optimize.render.terminal import render_load
     from optimize.report import write_report
-    from optimize.serve.app import LoadOptions, render_load, run_load_command
+    from optimize.serve.app import LoadOptions, run_load_command
     from optimize.serve.batcher import BatcherConfig
     from optimize.serve.loadgen import LoadSettings
 
     if (target is None) == (artifact is None):
         raise UsageError("give a URL, a MODEL.onnx or --artifact DIR (one of them)", "see lto load --help")
+    report = deprecated_alias(output, old_report, "--output", "--report")
     check_output_file(report, flag="-o")
     options = LoadOptions(
         LoadSettings(qps=qps, concurrency=concurrency, duration_s=duration, requests=requests,

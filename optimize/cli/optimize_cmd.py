@@ -7,10 +7,19 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from optimize.cli.common import SHAPE_HELP, InputDataOption, JsonOption, console, err_console, print_json
+from optimize.cli.common import (
+    DURATION_UNITS_HELP,
+    SHAPE_HELP,
+    InputDataOption,
+    JsonOption,
+    console,
+    err_console,
+    print_json,
+)
+from optimize.units import duration_parser, percentile_key_parser
 
 if TYPE_CHECKING:
-    from optimize.pipeline import PipelineResult, StageRecord
+    from optimize.pipeline import StageRecord
 
 EPILOG = """
 [bold]Examples[/]
@@ -53,7 +62,11 @@ def optimize_command(
         help="Latency target in milliseconds at --target-percentile and the pinned batch.",
     ),
     target_percentile: str = typer.Option(
-        "p50", "--target-percentile", help="Which latency the target applies to: p50, p90, p95 or p99."
+        "p50",
+        "--target-percentile",
+        parser=percentile_key_parser("--target-percentile"),
+        metavar="PERCENTILE",
+        help="Which latency the target applies to: p50, p90, p95 or p99 (a bare 99 is still accepted).",
     ),
     recipe: str | None = typer.Option(
         None,
@@ -90,10 +103,12 @@ def optimize_command(
         help="Replace an -o folder that looks like a damaged artifact. Never replaces a folder of "
         "other files, a file, a symlink or a folder that holds the model.",
     ),
-    time_budget: str | None = typer.Option(
+    time_budget: float | None = typer.Option(
         None,
         "--time-budget",
-        help="Bound the whole run: 90s, 10m, 1h. Stages left when it runs out are skipped.",
+        parser=duration_parser("--time-budget"),
+        metavar="DURATION",
+        help=f"Bound the whole run: {DURATION_UNITS_HELP}. Stages left when it runs out are skipped.",
     ),
     stop_at_target: bool = typer.Option(
         False, "--stop-at-target", help="Stop once the target is met with 95% confidence."
@@ -121,7 +136,7 @@ def optimize_command(
 ) -> None:
     """Make a model faster on this machine, stage by stage, keeping only measured, accurate wins."""
     from optimize.inputs import split_shape_args
-    from optimize.pipeline import OptimizeRequest, optimize, parse_duration
+    from optimize.pipeline import OptimizeRequest, optimize
 
     pins, ranges = split_shape_args(shape)
 
@@ -138,7 +153,7 @@ def optimize_command(
         batch=batch,
         out_dir=output,
         force=force,
-        time_budget_s=parse_duration(time_budget) if time_budget else None,
+        time_budget_s=time_budget,
         stop_at_target=stop_at_target,
         enable=[*enable, *(["tvm-tune"] if tvm else [])],
         tvm_options={
@@ -160,7 +175,11 @@ def optimize_command(
     if json_out:
         print_json(result.report)
     else:
-        _print_summary(result)
+        from optimize.render.terminal import render_optimize_summary
+
+        render_optimize_summary(
+            result.report, result.artifact_dir, result.verdict, result.exit_code, console, err_console
+        )
     raise typer.Exit(result.exit_code)
 
 
@@ -172,6 +191,7 @@ class _RichProgress:
 
         from optimize import interrupts
         from optimize.pipeline import Progress as Base
+        from optimize.render.terminal import optimize_row_line
 
         self.show_rows = show_rows
         self._bar = Progress(
@@ -191,7 +211,7 @@ class _RichProgress:
 
             def record(self, record: StageRecord) -> None:
                 if outer.show_rows:
-                    outer._bar.console.print(_row_line(record), highlight=False, soft_wrap=True)
+                    outer._bar.console.print(optimize_row_line(record), highlight=False, soft_wrap=True)
 
             def log(self, text: str) -> None:
                 outer._bar.console.print(f"[dim]{text}[/]", highlight=False, soft_wrap=True)
@@ -205,60 +225,6 @@ class _RichProgress:
 
     def __exit__(self, *exc: object) -> None:
         self._bar.__exit__(*exc)  # type: ignore[arg-type]
-
-
-_STATUS_STYLE = {"kept": "green", "rejected": "yellow", "skipped": "dim", "failed": "red", "baseline": "cyan"}
-
-
-def _row_line(record: StageRecord) -> str:
-    from rich.markup import escape
-
-    style = _STATUS_STYLE.get(record.status, "")
-    p50 = f" p50 {record.latency_ms['p50']:.3f} ms" if record.latency_ms else ""
-    return f"[{style}]{record.status:>8}[/] {escape(record.label)}{p50}  [dim]{escape(record.reason)}[/]"
-
-
-def _print_summary(result: PipelineResult) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from optimize.render.optimize_section import TABLE_HEADER, TABLE_NOTE, table_rows
-
-    section = result.report["optimize"]
-    table = Table(
-        title=f"lto optimize: {escape(Path(result.report['model']['path']).name)}",
-        title_justify="left",
-        caption=escape(TABLE_NOTE),
-        caption_justify="left",
-    )
-    for name in TABLE_HEADER:
-        table.add_column(name, justify="right" if name in ("p50 ms", "p99 ms", "speedup") else "left",
-                         overflow="fold", max_width=60 if name == "reason" else None)  # fmt: skip
-    for row in table_rows(section):
-        style = _STATUS_STYLE.get(row[1], "")
-        table.add_row(*[escape(c) for c in row], style=style if row[1] != "skipped" else "dim")
-    console.print(table)
-    slo, shi = section["speedup_ci95"]
-    console.print(
-        f"artifact: [bold]{escape(str(result.artifact_dir))}[/] ({escape(section['best']['label'])}), "
-        f"[bold]{section['speedup']:.2f}x[/] vs ONNX Runtime defaults "
-        f"(95% CI {slo:.2f}–{shi:.2f}, side by side); "
-        f"accuracy: {escape(_acc(section))}",
-        highlight=False,
-        soft_wrap=True,
-    )
-    colour = "green" if result.exit_code == 0 else "yellow"
-    console.print(
-        f"[bold {colour}]{escape(result.verdict)}[/] (exit code {result.exit_code})", highlight=False
-    )
-    for warning in section.get("warnings", []):
-        err_console.print(f"[yellow]warning:[/] {escape(str(warning))}", highlight=False, soft_wrap=True)
-
-
-def _acc(section: dict[str, Any]) -> str:
-    from optimize.render.optimize_section import accuracy_cell
-
-    return accuracy_cell(section.get("accuracy"))
 
 
 def register(app: typer.Typer) -> None:

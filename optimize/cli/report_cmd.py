@@ -25,7 +25,8 @@ def report(
     """Render a report (bench, compare, optimize, load, gate) as Markdown for people."""
     from optimize.cli.common import console
     from optimize.files import check_output_file, write_markdown_atomic
-    from optimize.report import load_report, render_markdown
+    from optimize.render.markdown import render_markdown
+    from optimize.report import load_report
 
     check_output_file(output, flag="-o", inputs=(path,))
     data = load_report(path)

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import typer
 
-from optimize.cli.common import ShapeOption, console
+from optimize.cli.common import (
+    DURATION_UNITS_HELP,
+    PERCENTILE_UNITS_HELP,
+    ShapeOption,
+    console,
+    deprecated_alias,
+)
+from optimize.units import duration_parser, percentile_parser
 
 EPILOG = """
 [bold]Examples[/]
@@ -16,7 +23,7 @@ EPILOG = """
   lto serve sample_models/bert_tiny.onnx --shape sequence=128 --max-wait-ms 1 --port 9000
   lto serve --artifact out/bert/ --validate --qps 200 --requests 4000 --slo-ms 15
       [dim](for CI: serves, runs lto load against itself, exit code = the SLO verdict)[/]
-  lto serve sample_models/mlp_small.onnx --validate --find-max-qps --slo-ms 5 --report load.json
+  lto serve sample_models/mlp_small.onnx --validate --find-max-qps --slo-ms 5 -o load.json
 
 Protocol: KServe v2 / Open Inference Protocol (tritonclient.http, KServe SDKs, curl work):
   GET /v2/health/live | /v2/health/ready | /v2 | /v2/models/NAME | /v2/models/NAME/ready | /metrics
@@ -38,6 +45,30 @@ MaxQueueOption = typer.Option(
     256, "--max-queue", min=1, help="Rows waiting beyond which requests are shed (503)."
 )
 InstancesOption = typer.Option(1, "--instances", min=1, help="Model instances, each with its own thread.")
+
+# Load options, shared with `lto load` (--validate runs it).
+# `--report` was the old name of --output (-o): hidden, it still works, with a warning.
+OldReportOption = typer.Option(None, "--report", hidden=True)
+
+
+def duration_option(help_text: str) -> typer.models.OptionInfo:
+    return typer.Option(
+        "10s",
+        "--duration",
+        parser=duration_parser("--duration", minimum=0.01),
+        metavar="DURATION",
+        help=f"{help_text}: {DURATION_UNITS_HELP}.",
+    )
+
+
+def percentile_option(help_text: str) -> typer.models.OptionInfo:
+    return typer.Option(
+        "p99",
+        "--percentile",
+        parser=percentile_parser("--percentile"),
+        metavar="PERCENTILE",
+        help=f"{help_text}: {PERCENTILE_UNITS_HELP}.",
+    )
 
 
 def serve(
@@ -70,16 +101,17 @@ def serve(
     concurrency: int = typer.Option(
         1, "--concurrency", min=1, help="--validate: closed-loop requests in flight."
     ),
-    duration: float = typer.Option(10.0, "--duration", min=0.01, help="--validate: seconds of load."),
+    duration: float = duration_option("--validate: how long to load"),
     requests: int | None = typer.Option(None, "--requests", min=1, help="--validate: exact request count."),
     slo_ms: float | None = typer.Option(None, "--slo-ms", help="--validate: latency SLO in ms."),
-    percentile: float = typer.Option(99.0, "--percentile", help="--validate: SLO percentile."),
+    percentile: float = percentile_option("--validate: percentile the SLO applies to"),
     find_max: bool = typer.Option(
         False, "--find-max-qps", help="--validate: search the highest rate within the SLO."
     ),
-    report: Path | None = typer.Option(
-        None, "--report", "-o", help="--validate: write the load report here."
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="--validate: write the load report (JSON) here."
     ),
+    old_report: Path | None = OldReportOption,
 ) -> None:
     """Serve a model or artifact over HTTP (KServe v2) with deadline-aware dynamic batching."""
     from optimize.errors import UsageError
@@ -92,6 +124,7 @@ def serve(
 
     if (model is None) == (artifact is None):
         raise UsageError("give a MODEL.onnx or --artifact DIR (one of them)", "see lto serve --help")
+    report = deprecated_alias(output, old_report, "--output", "--report")
     check_output_file(report, flag="-o")
     load_options = None
     if validate:
@@ -104,7 +137,7 @@ def serve(
         load_options.settings.validate()
     elif any(v is not None for v in (qps, requests, slo_ms, report)) or find_max:
         raise UsageError(
-            "--qps/--requests/--slo-ms/--find-max-qps/--report apply to --validate", "add --validate"
+            "--qps/--requests/--slo-ms/--find-max-qps/--output apply to --validate", "add --validate"
         )
     code = run_serve(
         model,

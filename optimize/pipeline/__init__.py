@@ -30,8 +30,9 @@ Exit codes: 0 target met (or no target), 3 the best artifact misses the target (
 
 from optimize.pipeline.judge import EXIT_FAILURE, EXIT_TARGET_MET, EXIT_TARGET_MISSED, EXIT_USAGE
 from optimize.pipeline.loop import Pipeline, optimize
-from optimize.pipeline.request import OptimizeRequest, parse_duration, partial_report_path
+from optimize.pipeline.request import OptimizeRequest, partial_report_path
 from optimize.pipeline.summary import PipelineResult, Progress, StageRecord
+from optimize.units import parse_duration
 
 __all__ = [
     "EXIT_FAILURE",

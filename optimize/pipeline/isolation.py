@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from optimize.errors import LtoError
+from optimize.errors import LtoError, message_line
 from optimize.stage import AccuracyResult, Candidate, Stage, StageContext, StageSkipped
 
 _POLL_S = 0.2
@@ -69,8 +69,7 @@ def _child_main(
     except BaseException as exc:  # everything crosses as text: the parent decides what it means
         tb = traceback.extract_tb(exc.__traceback__)
         where = f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
-        text = exc.one_line() if isinstance(exc, LtoError) else str(exc)
-        line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+        line = exc.one_line() if isinstance(exc, LtoError) else message_line(exc)
         send("error", (type(exc).__name__, line, where))
     finally:
         conn.close()

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from optimize.accuracy import accuracy_json, check
+from optimize.bench import Comparison, Measurement
 from optimize.errors import first_line
 from optimize.pipeline import judge
 from optimize.pipeline.isolation import run_in_child
@@ -134,11 +135,11 @@ class Pipeline:
         finally:
             backend.close()
 
-    def _latency(self, measurement: Any) -> dict[str, float]:
+    def _latency(self, measurement: Measurement) -> dict[str, float]:
         lat = measurement.latency
         return {"p50": lat["p50"], "p99": lat["p99"], self.metric: lat[self.metric]}
 
-    def _target_met(self, measurement: Any, confident: bool) -> bool:
+    def _target_met(self, measurement: Measurement, confident: bool) -> bool:
         return judge.target_met(measurement.samples_ms, self.metric, self.request.target_ms, confident)
 
     def _time_left(self) -> float | None:
@@ -150,7 +151,7 @@ class Pipeline:
     # -- the run ------------------------------------------------------------------------------
 
     def run(self) -> PipelineResult:
-        from optimize.onnx_utils import file_has_external_data
+        from optimize.onnx_file import file_has_external_data
 
         self.request.validate()
         model_path = Path(self.request.model_path)
@@ -291,7 +292,7 @@ class Pipeline:
         self.records.append(record)
         self.progress.record(record)
 
-    def _pre_skip_reason(self, spec: StageSpec, stop_reason: str, best_meas: Any) -> str:
+    def _pre_skip_reason(self, spec: StageSpec, stop_reason: str, best_meas: Measurement) -> str:
         return judge.pre_skip_reason(
             spec,
             self.request,
@@ -302,7 +303,7 @@ class Pipeline:
         )
 
     def _run_stage(
-        self, spec: StageSpec, best: Candidate, best_standard: Candidate, best_meas: Any
+        self, spec: StageSpec, best: Candidate, best_standard: Candidate, best_meas: Measurement
     ) -> tuple[list[Candidate], StageRecord | None]:
         self.progress.status(f"{spec.name}: loading")
         try:
@@ -358,7 +359,7 @@ class Pipeline:
 
     def _evaluate(
         self, spec: StageSpec, cand: Candidate, best: Candidate, best_backend: Backend, best_speedup: float
-    ) -> tuple[StageRecord, Backend | None, Any, AccuracyResult]:
+    ) -> tuple[StageRecord, Backend | None, Comparison | None, AccuracyResult]:
         record = StageRecord(
             stage=spec.name,
             label=cand.label,
@@ -438,14 +439,16 @@ class Pipeline:
             )
         return record, backend, comparison, accuracy
 
-    def _compare(self, a: Backend, b: Backend, label_a: str, label_b: str) -> Any:
+    def _compare(self, a: Backend, b: Backend, label_a: str, label_b: str) -> Comparison:
         return self.compare_fn(
             a, b, self.feeds, self.feeds, self.settings,
             labels=(label_a, label_b), metric=self.metric,
             progress=self._bench_progress(f"{label_b} vs {label_a}"),
         )  # fmt: skip
 
-    def _judge(self, record: StageRecord, comparison: Any, best_label: str, best_speedup: float) -> None:
+    def _judge(
+        self, record: StageRecord, comparison: Comparison, best_label: str, best_speedup: float
+    ) -> None:
         judge.judge_candidate(
             record,
             comparison,
@@ -460,16 +463,14 @@ class Pipeline:
     def _finish(
         self,
         baseline: Candidate,
-        base_meas: Any,
+        base_meas: Measurement,
         best: Candidate,
         best_accuracy: AccuracyResult,
         kept_chain: list[dict[str, Any]],
     ) -> PipelineResult:
         from optimize.artifact import write_artifact
-        from optimize.report import (
-            render_markdown,  # moving to optimize.render.markdown
-            write_report,
-        )
+        from optimize.render.markdown import render_markdown
+        from optimize.report import write_report
 
         final: dict[str, Any] | None = None
         if best is baseline:

@@ -72,19 +72,6 @@ class OptimizeRequest:
             check_output_file(partial_report_path(Path(self.out_dir)), flag="-o")
 
 
-def parse_duration(text: str) -> float:
-    """'90', '90s', '10m', '1h30m' -> seconds."""
-    import re
-
-    value = text.strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", value):
-        return float(value)
-    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms])", value)
-    if not parts or "".join(f"{n}{u}" for n, u in parts) != value.replace(" ", ""):
-        raise UsageError(f"bad duration {text!r}", "write e.g. 90s, 10m or 1h30m")
-    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
-
-
 def default_out_dir(model_path: Path) -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     return Path("reports") / f"{model_path.stem}-{stamp}"
@@ -96,7 +83,7 @@ def partial_report_path(out_dir: Path) -> Path:
 
 def choose_recipe(request: OptimizeRequest, known_stages: Sequence[str] | None = None) -> tuple[Recipe, str]:
     """The recipe to run (request.recipe, or the one for the model's kind) and the model kind."""
-    from optimize.model import load_model
+    from optimize.onnx_file import load_model
     from optimize.recipes import detect_model_kind, load_recipe, recipe_for_kind
 
     model = load_model(request.model_path, load_external_data=False)

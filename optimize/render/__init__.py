@@ -1,0 +1,10 @@
+"""Every rendering of lto's data for people, in one place.
+
+* `markdown`: Markdown for every report kind (`lto report`, an artifact's report.md, the gate's
+  CI summary), one section renderer per kind in `SECTION_RENDERERS`.
+* `terminal`: rich tables and lines for terminals (measurements, gate, load, inspect).
+* `common`: plain-text cells both share.
+* `optimize_section`: the optimize report's section and stage table (moving into `markdown`).
+
+Library modules (report, gate, serve, inspection, bench) return data and never import rich.
+"""

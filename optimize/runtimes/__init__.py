@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from optimize.errors import BackendUnavailable, UsageError
+from optimize.errors import BackendUnavailable, UsageError, message_line
 from optimize.runtimes.base import Backend, TensorSpec
 from optimize.stage import Stage, StageSkipped
 
@@ -76,7 +76,7 @@ def load_stage(name: str) -> Stage:
             ) from exc
         raise StageSkipped(f"needs the Python package {missing!r}, which is not installed") from exc
     except ImportError as exc:
-        raise StageSkipped(f"cannot import {module_name}: {str(exc).splitlines()[0]}") from exc
+        raise StageSkipped(f"cannot import {module_name}: {message_line(exc)}") from exc
     except BackendUnavailable as exc:
         raise StageSkipped(exc.one_line()) from exc
     cls = getattr(module, class_name, None)

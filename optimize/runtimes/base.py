@@ -8,7 +8,7 @@ treat ONNX Runtime, TVM and TensorRT artifacts the same way.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -45,6 +45,47 @@ def check_thread_settings(kind: str, config: Mapping[str, Any]) -> None:
     for key in THREAD_SETTINGS:
         if config.get(key) is not None:
             check_thread_count(config[key], f"{kind} setting {key}")
+
+
+def check_feeds(
+    specs: Sequence[TensorSpec], feeds: Mapping[str, np.ndarray], data_file: str | None = None
+) -> None:
+    """Raise InputError naming the first array that does not fit the model's inputs: names,
+    dtypes, ranks and fixed dims. `data_file` names where the arrays came from (--input-data)."""
+    expected = {spec.name: spec for spec in specs}
+
+    def what(name: str) -> str:
+        return f"{data_file} array {name!r}" if data_file else f"input {name!r}"
+
+    unknown = sorted(set(feeds) - set(expected))
+    if unknown:
+        message = (
+            f"{data_file} has an array {unknown[0]!r} that is not a model input"
+            if data_file
+            else f"unknown input {unknown[0]!r}"
+        )
+        raise InputError(message, f"the model's inputs are: {', '.join(expected)}")
+    for name, spec in expected.items():
+        if name not in feeds:
+            if data_file:
+                raise InputError(
+                    f"{data_file} has no array for input {name!r}", "add one array per model input"
+                )
+            raise InputError(f"input {name!r} is missing", "give every model input")
+        array = feeds[name]
+        if str(array.dtype) != spec.dtype:
+            raise InputError(f"{what(name)} has dtype {array.dtype}, the model expects {spec.dtype}")
+        if len(array.shape) != len(spec.shape):
+            raise InputError(
+                f"{what(name)} has rank {array.ndim} (shape {list(array.shape)}), "
+                f"the model expects rank {len(spec.shape)} (shape {list(spec.shape)})"
+            )
+        for axis, (got, want) in enumerate(zip(array.shape, spec.shape, strict=True)):
+            if isinstance(want, int) and want >= 0 and got != want:
+                raise InputError(
+                    f"{what(name)} has size {got} on axis {axis}, the model expects {want} "
+                    f"(shape {list(spec.shape)})"
+                )
 
 
 class Backend(ABC):
@@ -98,27 +139,4 @@ class Backend(ABC):
 
     def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> None:
         """Raise InputError naming the first input that does not fit the model."""
-        expected = {spec.name: spec for spec in self.inputs}
-        unknown = sorted(set(feeds) - set(expected))
-        if unknown:
-            raise InputError(
-                f"unknown input {unknown[0]!r}",
-                f"the model's inputs are: {', '.join(expected)}",
-            )
-        for name, spec in expected.items():
-            if name not in feeds:
-                raise InputError(f"input {name!r} is missing", "give every model input")
-            array = feeds[name]
-            if str(array.dtype) != spec.dtype:
-                raise InputError(f"input {name!r} has dtype {array.dtype}, the model expects {spec.dtype}")
-            if len(array.shape) != len(spec.shape):
-                raise InputError(
-                    f"input {name!r} has rank {array.ndim} (shape {list(array.shape)}), "
-                    f"the model expects rank {len(spec.shape)} (shape {list(spec.shape)})"
-                )
-            for axis, (got, want) in enumerate(zip(array.shape, spec.shape, strict=True)):
-                if isinstance(want, int) and want >= 0 and got != want:
-                    raise InputError(
-                        f"input {name!r} has size {got} on axis {axis}, the model expects {want} "
-                        f"(shape {list(spec.shape)})"
-                    )
+        check_feeds(self.inputs, feeds)

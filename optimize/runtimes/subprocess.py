@@ -10,8 +10,9 @@ message over a socket pair, and copies the outputs back out of a second shared f
 timing taken in the parent (what `optimize.bench.compare` does when it interleaves a hosted
 backend with an in-process one) includes that round trip and the copies: it errs against the
 hosted backend, never for it. `benchmarks/tvm_tuning.py` prints that overhead next to the
-model latencies. Where an absolute latency without IPC is wanted, `measure()` runs
-`optimize.bench.measure` inside the child and returns its Measurement.
+model latencies. Where an absolute latency without IPC is wanted, the bench engine runs its
+own `measure` inside the child through `call_in_child` (`optimize.bench.measure_where_it_runs`):
+the backend never times itself.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from optimize import errors
-from optimize.errors import LtoError
+from optimize.errors import LtoError, first_line
 from optimize.runtimes.base import Backend, TensorSpec
 
 _START_TIMEOUT_S = 300.0  # loading a large library under load can take a while
@@ -102,9 +103,7 @@ class _SharedFile:
 def _error_payload(exc: BaseException) -> tuple[str, str, str | None]:
     if isinstance(exc, LtoError):
         return type(exc).__name__, exc.message, exc.hint
-    text = str(exc).strip()
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    return "", f"{type(exc).__name__}: {first}" if first else type(exc).__name__, None
+    return "", first_line(exc), None
 
 
 def _rebuild_error(kind: str, payload: tuple[str, str, str | None]) -> LtoError:
@@ -174,11 +173,13 @@ def _child_main(fd: int) -> None:
                         result = ("inline", run_ns, outputs, needed)
                 elif op == "run":
                     result = backend.run(message[1])
-                elif op == "measure":
-                    from optimize.bench import measure
+                elif op == "call":
+                    # fn(backend, *args) where the backend lives: the bench engine uses it to
+                    # time a hosted model without the pipe round trip in the figure.
+                    module_name, _, fn_name = message[1].partition(":")
+                    import importlib
 
-                    feeds, settings, label, batch_size = message[1:]
-                    result = measure(backend, feeds, settings, label=label, batch_size=batch_size)
+                    result = getattr(importlib.import_module(module_name), fn_name)(backend, *message[2:])
                 else:
                     raise LtoError(f"unknown worker request {op!r}")
             except Exception as exc:
@@ -326,11 +327,10 @@ class SubprocessBackend(Backend):
         if old is not None:
             old.close(unlink=True)
 
-    def measure(self, feeds: Mapping[str, np.ndarray], settings: Any = None, label: str = "model",
-                batch_size: int | None = None) -> Any:  # fmt: skip
-        """`optimize.bench.measure` run inside the child: latency without the pipe round trip."""
+    def call_in_child(self, function: str, *args: Any) -> Any:
+        """`function(hosted backend, *args)` run inside the child ("module:function")."""
         with self._lock:
-            return self._call("measure", dict(feeds), settings, label, batch_size)
+            return self._call("call", function, *args)
 
     def describe(self) -> dict[str, Any]:
         return {**self._describe, "process": "isolated", "worker_pid": self.pid}

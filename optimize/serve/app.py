@@ -3,30 +3,38 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
-from rich.console import Console
 
 from optimize.errors import LtoError, UsageError
+from optimize.runtime_model import RuntimeModel
 from optimize.serve.batcher import Batcher, BatcherConfig
 from optimize.serve.loadgen import (
-    HttpTarget,
-    InProcessTarget,
+    Endpoint,
+    HttpEndpoint,
+    InProcessEndpoint,
     LoadResult,
     LoadSettings,
     MaxQpsSearch,
-    Target,
     find_max_qps,
     load_report,
     run_load,
 )
-from optimize.serve.loading import ServedModel, calibration_row, open_instances, resolve_model
+from optimize.serve.loading import calibration_row, open_instances, platform_of, resolve_served
 from optimize.serve.server import RunningServer, ServerConfig, serve_until_signal
+from optimize.units import percentile_label
+
+
+class Console(Protocol):
+    """Where progress lines go: the CLI's terminal console (lines may carry its [style] markup)."""
+
+    def print(self, *objects: Any, **kwargs: Any) -> None: ...
 
 
 @dataclass
@@ -40,7 +48,7 @@ class LoadOptions:
     def cli_args(self) -> list[str]:
         """The same options as `lto load` flags, for the child process of `serve --validate`."""
         s = self.settings
-        args = ["--percentile", f"{s.percentile:g}", "--max-error-rate", f"{s.max_error_rate:g}"]
+        args = ["--percentile", percentile_label(s.percentile), "--max-error-rate", f"{s.max_error_rate:g}"]
         args += ["--warmup", str(s.warmup), "--seed", str(s.seed)]
         if s.qps is not None:
             args += ["--qps", f"{s.qps:g}"]
@@ -49,7 +57,7 @@ class LoadOptions:
         if s.requests is not None:
             args += ["--requests", str(s.requests)]
         elif s.duration_s is not None:
-            args += ["--duration", f"{s.duration_s:g}"]
+            args += ["--duration", f"{s.duration_s:g}s"]
         if s.min_queries is not None:
             args += ["--min-queries", str(s.min_queries)]
         if s.slo_ms is not None:
@@ -57,12 +65,12 @@ class LoadOptions:
         if self.find_max_qps:
             args.append("--find-max-qps")
         if self.report is not None:
-            args += ["--report", str(self.report)]
+            args += ["--output", str(self.report)]
         return args
 
 
 def _open(
-    served: ServedModel, config: BatcherConfig, shapes: dict[str, tuple[int, ...]], console: Console
+    served: RuntimeModel, config: BatcherConfig, shapes: dict[str, tuple[int, ...]], console: Console
 ) -> tuple[Batcher, dict[str, np.ndarray] | None]:
     for warning in served.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
@@ -87,15 +95,15 @@ def run_serve(
     console: Console,
 ) -> int:
     """Serve until SIGTERM; with `validate`, run `lto load` against ourselves and return its verdict."""
-    served = resolve_model(model, artifact, server_config.model_name or None)
-    server_config.model_name = served.name
-    server_config.platform = served.platform
+    served = resolve_served(model, artifact, server_config.model_name or None)
+    server_config.model_name = served.label
+    server_config.platform = platform_of(served)
     batcher, row = _open(served, batcher_config, shapes, console)
 
     def announce(running: RunningServer) -> Awaitable[int] | None:
         lat = batcher.latency
         console.print(
-            f"serving [bold]{served.name}[/] ({served.backend_kind}, {len(batcher.backends)} instance(s), "
+            f"serving [bold]{served.label}[/] ({served.backend}, {len(batcher.backends)} instance(s), "
             f"max batch {batcher.max_rows}) at {running.url}",
             highlight=False,
             soft_wrap=True,
@@ -108,7 +116,7 @@ def run_serve(
         sys.stdout.flush()
         if validate is None:
             return None
-        return _validate_child(running, served.name, validate, console)
+        return _validate_child(running, served.label, validate, console)
 
     async def main() -> int | None:
         try:
@@ -124,11 +132,16 @@ def run_serve(
     return 0 if code is None else code
 
 
+def validate_command(url: str, name: str, options: LoadOptions) -> list[str]:
+    """The `lto load` arguments `serve --validate` runs, echoed whole so the line can be pasted."""
+    return ["load", url, "--model", name, *options.cli_args()]
+
+
 async def _validate_child(running: RunningServer, name: str, options: LoadOptions, console: Console) -> int:
     """`lto load` in its own process, so that the generator and the server do not share a GIL."""
-    cmd = [sys.executable, "-m", "optimize", "load", running.url, "--model", name, *options.cli_args()]
-    console.print(f"[dim]validating: lto load {running.url} {' '.join(cmd[6:])}[/]", highlight=False)
-    proc = await asyncio.create_subprocess_exec(*cmd)
+    args = validate_command(running.url, name, options)
+    console.print(f"[dim]validating: lto {shlex.join(args)}[/]", highlight=False)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "optimize", *args)
     try:
         return await proc.wait()
     except asyncio.CancelledError:
@@ -139,7 +152,7 @@ async def _validate_child(running: RunningServer, name: str, options: LoadOption
 
 async def _remote_target(
     url: str, model: str | None, shapes: dict[str, tuple[int, ...]], input_data: Path | None, seed: int
-) -> tuple[HttpTarget, dict[str, Any]]:
+) -> tuple[HttpEndpoint, dict[str, Any]]:
     import aiohttp
 
     from optimize.inputs import resolve_inputs
@@ -171,7 +184,7 @@ async def _remote_target(
             )
         specs.append(TensorSpec(item["name"], dtype, tuple(d if d >= 0 else None for d in item["shape"])))
     spec, feeds = resolve_inputs("remote-model", shapes, input_data, seed=seed, batch=1, specs=specs)
-    return HttpTarget(base, model, feeds), spec.to_json()
+    return HttpEndpoint(base, model, feeds), spec.to_json()
 
 
 def run_load_command(
@@ -197,7 +210,7 @@ def run_load_command(
         batcher: Batcher | None = None
         server_info: dict[str, Any] | None = None
         model_path: str | None = None
-        target: Target
+        target: Endpoint
         if remote:
             assert target_arg is not None
             target, spec_json = await _remote_target(
@@ -205,7 +218,7 @@ def run_load_command(
             )
             backend = "remote"
         else:
-            served = resolve_model(target_arg, artifact, model_name)
+            served = resolve_served(target_arg, artifact, model_name)
             batcher, row = _open(served, batcher_config, shapes, console)
             await batcher.start(row)
             if served.input_spec and not shapes and input_data is None:
@@ -223,8 +236,8 @@ def run_load_command(
                 spec_json = spec.to_json()
             if not feeds:
                 raise UsageError("cannot make inputs for this model", "pin dynamic dims with --shape")
-            target = InProcessTarget(batcher, feeds, name=f"in-process {served.name}")
-            backend = served.backend_kind
+            target = InProcessEndpoint(batcher, feeds, name=f"in-process {served.label}")
+            backend = served.backend
             model_path = str(served.model_path)
             server_info = batcher.describe()
         await target.open()
@@ -254,68 +267,3 @@ def run_load_command(
     report = asyncio.run(main())
     report["settings"]["find_max_qps"] = options.find_max_qps
     return report
-
-
-def render_load(report: dict[str, Any], console: Console) -> None:
-    """Human summary: latency, throughput, errors, batches, where the time went, verdict."""
-    from rich.table import Table
-
-    load = report["load"]
-    for run in load["runs"] if load.get("max_qps") is None else load["runs"][-1:]:
-        lat = run["latency_ms"]
-        head = (
-            f"[bold]{run['label']}[/]: {run['completed_ok']}/{run['issued']} ok, "
-            f"{run['throughput_per_s']:.1f}/s"
-        )
-        console.print(head, highlight=False)
-        if lat:
-            console.print(
-                f"  latency ms  p50 {lat['p50']:.3f}  p90 {lat['p90']:.3f}  p99 {lat['p99']:.3f}  "
-                f"p99.9 {lat['p999']:.3f}  max {lat['max']:.3f}",
-                highlight=False,
-            )
-        if run["errors"]:
-            console.print("  errors: " + ", ".join(f"{k} {v}" for k, v in sorted(run["errors"].items())))
-        if run["batches_by_rows"]:
-            console.print(
-                "  batches formed (rows: count): "
-                + ", ".join(f"{k}: {v:g}" for k, v in run["batches_by_rows"].items()),
-                highlight=False,
-            )
-        if run["breakdown_ms"]:
-            table = Table(
-                "phase", "mean ms", "p50 ms", "p99 ms", title="where the time went", title_justify="left"
-            )
-            for name, stats in run["breakdown_ms"].items():
-                table.add_row(name, f"{stats['mean']:.3f}", f"{stats['p50']:.3f}", f"{stats['p99']:.3f}")
-            console.print(table)
-        lg = run["loadgen"]
-        console.print(f"  load generator: {lg['cpu_fraction_of_core']:.0%} of a core", highlight=False)
-        for warning in run["warnings"]:
-            console.print(f"  [yellow]warning:[/] {warning}", highlight=False)
-    if load.get("max_qps") is not None:
-        curve = load["max_qps"]
-        table = Table("offered qps", "achieved/s", "p50 ms", "tail ms", "errors", "mean batch", "SLO",
-                      title="latency-throughput curve", title_justify="left")  # fmt: skip
-        for point in curve["curve"]:
-            tail = next(
-                (v for k, v in point.items() if k.startswith("p") and k not in ("p50_ms", "passed")), None
-            )
-            table.add_row(
-                f"{point['offered_qps']:.1f}",
-                f"{point['throughput_per_s']:.1f}",
-                f"{point['p50_ms']:.3f}" if point["p50_ms"] is not None else "-",
-                f"{tail:.3f}" if tail is not None else "-",
-                f"{point['error_rate']:.1%}",
-                f"{point['mean_batch_rows']:.1f}" if point["mean_batch_rows"] else "-",
-                "pass" if point["passed"] else "fail",
-            )
-        console.print(table)
-        mq = curve["max_qps"]
-        console.print(f"max qps within the SLO: {mq:.1f}" if mq else "no rate met the SLO", highlight=False)
-    verdict = load["verdict"]
-    if report["settings"].get("slo_ms") is not None or not verdict["passed"]:
-        word = "[bold green]PASS[/]" if verdict["passed"] else "[bold red]FAIL[/]"
-        console.print(
-            f"verdict: {word}" + (f" ({'; '.join(verdict['reasons'])})" if verdict["reasons"] else "")
-        )

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from optimize.errors import InputError, UsageError
+from optimize.errors import InputError, UsageError, message_line
 from optimize.runtimes.base import Backend, TensorSpec
 
 
@@ -726,7 +726,7 @@ class Batcher:
                 self.requests_answered += 1
         except Exception as exc:
             # One failing batch answers each of its requests with the error; the server lives on.
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            message = message_line(exc)
             for req in live:
                 if not req.future.done():
                     req.future.set_exception(ModelFailure(f"the model failed on this batch: {message}"))

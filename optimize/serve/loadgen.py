@@ -41,7 +41,7 @@ class Outcome:
     batch_rows: int | None = None
 
 
-class Target(ABC):
+class Endpoint(ABC):
     """What the generator sends requests to."""
 
     name: str = "target"
@@ -72,7 +72,7 @@ def parse_server_timing(header: str | None) -> tuple[dict[str, float] | None, in
 _STATUS_KINDS = {400: "bad_request", 404: "not_found", 413: "too_large", 503: "overloaded", 504: "timeout"}
 
 
-class HttpTarget(Target):
+class HttpEndpoint(Endpoint):
     """A KServe v2 server over HTTP, sending binary tensors (what a production client would)."""
 
     def __init__(
@@ -128,7 +128,7 @@ class HttpTarget(Target):
         return {"name": self.name, "transport": "http", "url": self.url, "model": self.model}
 
 
-class InProcessTarget(Target):
+class InProcessEndpoint(Endpoint):
     """The batcher called directly, no HTTP: what the runtime itself costs."""
 
     def __init__(self, batcher: Any, feeds: Mapping[str, np.ndarray], name: str = "in-process") -> None:
@@ -179,7 +179,7 @@ class LoadSettings:
         if self.requests is not None and self.requests < 1:
             raise UsageError("--requests must be at least 1")
         if not 0 < self.percentile < 100:
-            raise UsageError("--percentile must be between 0 and 100, e.g. 99")
+            raise UsageError("--percentile must be between p0 and p100, e.g. p99")
         if self.slo_ms is not None and self.slo_ms <= 0:
             raise UsageError("--slo-ms must be positive")
 
@@ -356,7 +356,7 @@ def _label(settings: LoadSettings) -> str:
 
 
 async def run_load(
-    target: Target, settings: LoadSettings, progress: Callable[[int, int | None], None] | None = None
+    target: Endpoint, settings: LoadSettings, progress: Callable[[int, int | None], None] | None = None
 ) -> LoadResult:
     """Drive `target` (already opened) as `settings` say and collect every request's outcome."""
     settings.validate()
@@ -455,7 +455,7 @@ def _mean_rows(rows: Counter[int]) -> float | None:
 
 
 async def find_max_qps(
-    target: Target,
+    target: Endpoint,
     settings: LoadSettings,
     start_qps: float | None = None,
     bisect_steps: int = 3,
@@ -465,7 +465,7 @@ async def find_max_qps(
     """Highest Poisson rate whose latency percentile meets the SLO: double until a rate fails,
     then bisect between the last pass and the first failure. Every point is kept as the curve."""
     if settings.slo_ms is None:
-        raise UsageError("--find-max-qps needs --slo-ms", "e.g. --slo-ms 10 --percentile 99")
+        raise UsageError("--find-max-qps needs --slo-ms", "e.g. --slo-ms 10 --percentile p99")
     curve: list[LoadResult] = []
 
     async def trial(qps: float) -> bool:
@@ -521,7 +521,7 @@ async def find_max_qps(
 def load_report(
     results: list[LoadResult],
     *,
-    target: Target,
+    target: Endpoint,
     backend: str,
     model_path: str | None,
     input_spec: dict[str, Any] | None,

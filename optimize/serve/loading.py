@@ -2,66 +2,40 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from optimize.errors import InputError, UsageError
+from optimize.runtime_model import RuntimeModel, resolve_model
 from optimize.runtimes.base import Backend
 
 # Protocol "platform" names clients know, by lto backend kind.
 PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tvm": "tvm", "tensorrt": "tensorrt_plan"}
 
 
-@dataclass
-class ServedModel:
-    name: str
-    backend_kind: str
-    model_path: Path
-    runtime_config: dict[str, Any]
-    input_spec: dict[str, Any] | None = None
-    manifest: dict[str, Any] | None = None
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def platform(self) -> str:
-        return PLATFORMS.get(self.backend_kind, self.backend_kind)
+def platform_of(model: RuntimeModel) -> str:
+    return PLATFORMS.get(model.backend, model.backend)
 
 
-def resolve_model(
+def resolve_served(
     model: str | Path | None, artifact: str | Path | None, name: str | None = None
-) -> ServedModel:
+) -> RuntimeModel:
     """An artifact directory (verified by optimize.artifact) or an ONNX file run by ONNX Runtime."""
     if (model is None) == (artifact is None):
         raise UsageError("give either MODEL.onnx or --artifact DIR", "e.g. lto serve --artifact out/")
     if artifact is not None:
-        from optimize.artifact import load_artifact
-
-        loaded = load_artifact(artifact)
-        return ServedModel(
-            name=name or Path(artifact).resolve().name,
-            backend_kind=loaded.backend,
-            model_path=loaded.model_path,
-            runtime_config=dict(loaded.runtime_config),
-            input_spec=dict(loaded.input_spec) if loaded.input_spec else None,
-            manifest=loaded.manifest,
-            warnings=list(loaded.warnings),
-        )
+        return resolve_model(artifact, label=name or Path(artifact).resolve().name)
     path = Path(str(model))
     if not path.is_file():
         raise UsageError(f"model not found: {path}", "give an .onnx file or --artifact DIR")
+    served = resolve_model(path, label=name or path.stem)
     # Spinning intra-op threads would burn the cores the event loop needs between batches.
-    return ServedModel(
-        name=name or path.stem,
-        backend_kind="onnxruntime",
-        model_path=path,
-        runtime_config={"allow_spinning": False},
-    )
+    served.runtime_config = {"allow_spinning": False}
+    return served
 
 
-def open_instances(served: ServedModel, instances: int) -> list[Backend]:
+def open_instances(served: RuntimeModel, instances: int) -> list[Backend]:
     """Load the model `instances` times; ONNX Runtime instances split the cores between them."""
     from optimize.env import check_thread_count
     from optimize.runtimes import open_backend
@@ -69,7 +43,7 @@ def open_instances(served: ServedModel, instances: int) -> list[Backend]:
     # Each instance runs in its own thread: bounded like any thread count, before loading any.
     check_thread_count(instances, "--instances", minimum=1)
     config = dict(served.runtime_config)
-    if served.backend_kind == "onnxruntime" and instances > 1 and not config.get("intra_op_num_threads"):
+    if served.backend == "onnxruntime" and instances > 1 and not config.get("intra_op_num_threads"):
         from optimize.env import physical_cores
 
         cores = physical_cores()
@@ -83,7 +57,7 @@ def open_instances(served: ServedModel, instances: int) -> list[Backend]:
     backends: list[Backend] = []
     try:
         for _ in range(instances):
-            backends.append(open_backend(served.backend_kind, served.model_path, config))
+            backends.append(open_backend(served.backend, served.model_path, config))
     except BaseException:
         for backend in backends:
             backend.close()
@@ -92,7 +66,7 @@ def open_instances(served: ServedModel, instances: int) -> list[Backend]:
 
 
 def calibration_row(
-    served: ServedModel, backend: Backend, shapes: dict[str, tuple[int, ...]] | None = None
+    served: RuntimeModel, backend: Backend, shapes: dict[str, tuple[int, ...]] | None = None
 ) -> tuple[dict[str, np.ndarray] | None, str | None]:
     """One request's feeds to calibrate the latency model, or None and the reason."""
     from optimize.inputs import InputSpec, feeds_from_spec, resolve_inputs

@@ -11,7 +11,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from benchmarks.slow_model import add_extra_work, count_macs
 from optimize.errors import UsageError
 from optimize.gate import (
     EXIT_CODES,
@@ -28,6 +27,7 @@ from optimize.gate import (
 )
 from tests.cli_helpers import assert_clean_error, run_lto
 from tests.conftest import SAMPLES, make_matmul_model, sample_path
+from tests.models import add_extra_work, count_macs
 
 SPEC = {
     "seed": 0,
@@ -349,9 +349,8 @@ def test_cli_exit_codes_and_json(reports: dict[str, Path], which: str, code: int
 
 def test_cli_table_and_markdown(reports: dict[str, Path], tmp_path: Path) -> None:
     summary = tmp_path / "summary.md"
-    proc = run_lto(
-        "gate", "-b", reports["base"], "-c", reports["slow"], "--max-regression", "0.1", "--markdown", summary
-    )
+    proc = run_lto("gate", "--baseline", reports["base"], "--candidate", reports["slow"],
+                   "--max-regression", "0.1", "--markdown", summary)  # fmt: skip
     assert proc.returncode == 11
     assert "regressed" in proc.stdout and "beyond the 10% budget" in proc.stdout
     text = summary.read_text()
@@ -360,10 +359,11 @@ def test_cli_table_and_markdown(reports: dict[str, Path], tmp_path: Path) -> Non
 
 
 def test_cli_output_is_a_valid_gate_report(reports: dict[str, Path], tmp_path: Path) -> None:
-    from optimize.report import load_report, render_markdown
+    from optimize.render.markdown import render_markdown
+    from optimize.report import load_report
 
     out = tmp_path / "gate.json"
-    proc = run_lto("gate", "-b", reports["base"], "-c", reports["same"], "-o", out)
+    proc = run_lto("gate", "--baseline", reports["base"], "--candidate", reports["same"], "-o", out)
     assert proc.returncode == 0, proc.stderr
     report = load_report(out)  # validates against the schema
     assert report["kind"] == "gate" and report["gate"]["verdict"] == "pass"
@@ -378,7 +378,7 @@ def test_metric_and_budget_options(reports: dict[str, Path]) -> None:
             reports["slow"], baseline_file=reports["base"], settings=GateSettings(metric, max_regression=0.5)
         )
         assert (strict.verdict, loose.verdict) == (REGRESSED, PASS), (metric, strict.reason, loose.reason)
-    proc = run_lto("gate", "-b", reports["base"], "-c", reports["slow"], "-m", "p99",
+    proc = run_lto("gate", "--baseline", reports["base"], "--candidate", reports["slow"], "-m", "p99",
                    "--max-regression", "50%", "--json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["metric"] == "p99"
@@ -398,7 +398,7 @@ def test_cli_picks_the_final_measurement_or_the_label(tmp_path: Path) -> None:
         picked.verdict == REGRESSED and picked.candidate is not None and picked.candidate.label == "original"
     )
     assert_clean_error(
-        run_lto("gate", "-b", base, "-c", tmp_path / "c.json", "--label", "nope"),
+        run_lto("gate", "--baseline", base, "--candidate", tmp_path / "c.json", "--label", "nope"),
         2,
         "no measurement labelled",
     )
@@ -414,15 +414,19 @@ def test_cli_picks_the_final_measurement_or_the_label(tmp_path: Path) -> None:
     ],
 )
 def test_cli_usage_errors(reports: dict[str, Path], args: list[str], needle: str) -> None:
-    assert_clean_error(run_lto("gate", "-b", reports["base"], "-c", reports["same"], *args), 2, needle)
+    assert_clean_error(
+        run_lto("gate", "--baseline", reports["base"], "--candidate", reports["same"], *args), 2, needle
+    )
 
 
 def test_cli_missing_or_sampleless_reports(reports: dict[str, Path], tmp_path: Path) -> None:
-    assert_clean_error(run_lto("gate", "-b", tmp_path / "nope.json", "-c", reports["same"]), 2, "not found")
+    assert_clean_error(
+        run_lto("gate", "--baseline", tmp_path / "nope.json", "--candidate", reports["same"]), 2, "not found"
+    )
     report = json.loads(reports["same"].read_text())
     report["results"][0]["samples_ms"] = [1.0]
     (tmp_path / "one.json").write_text(json.dumps(report))
-    proc = run_lto("gate", "-b", reports["base"], "-c", tmp_path / "one.json")
+    proc = run_lto("gate", "--baseline", reports["base"], "--candidate", tmp_path / "one.json")
     assert proc.returncode == 12 and "too few samples" in proc.stdout
 
 
@@ -448,10 +452,12 @@ def test_baseline_dir_lifecycle(reports: dict[str, Path], tmp_path: Path) -> Non
         return json.loads(reports[which].read_text())["results"]
 
     # No baseline yet: inconclusive (exit 12); --update-baseline stores the candidate.
-    proc = run_lto("gate", "--baseline-dir", bdir, "-c", reports["base"], "--json")
+    proc = run_lto("gate", "--baseline-dir", bdir, "--candidate", reports["base"], "--json")
     assert proc.returncode == 12 and "no baseline stored" in json.loads(proc.stdout)["reason"]
     assert not stored.exists()
-    proc = run_lto("gate", "--baseline-dir", bdir, "-c", reports["base"], "--update-baseline", "--json")
+    proc = run_lto(
+        "gate", "--baseline-dir", bdir, "--candidate", reports["base"], "--update-baseline", "--json"
+    )
     assert proc.returncode == 12 and json.loads(proc.stdout)["baseline_written"] == str(stored)
     assert stored_results() == results_of("base")
 
@@ -479,12 +485,14 @@ def test_baseline_dir_keeps_machines_apart(reports: dict[str, Path], tmp_path: P
     assert other.verdict == INCONCLUSIVE and "no baseline stored" in other.reason
     assert other.baseline_file == str(bdir / "0123456789abcdef" / "mlp.json")
     assert_clean_error(
-        run_lto("gate", "--baseline-dir", bdir, "-c", reports["base"], "--name", "../escape"),
+        run_lto("gate", "--baseline-dir", bdir, "--candidate", reports["base"], "--name", "../escape"),
         2,
         "bad baseline name",
     )
     assert_clean_error(
-        run_lto("gate", "-b", reports["base"], "--baseline-dir", bdir, "-c", reports["same"]),
+        run_lto(
+            "gate", "--baseline", reports["base"], "--baseline-dir", bdir, "--candidate", reports["same"]
+        ),
         2,
         "exactly one",
     )
@@ -516,8 +524,8 @@ def _model(tmp_path: Path) -> Path:
 def test_rerun_model_against_itself_is_not_regressed(tmp_path: Path) -> None:
     model = _model(tmp_path)
     summary = tmp_path / "s.md"
-    proc = run_lto("gate", "--rerun", "-b", model, "-c", model, "--shape", "batch=1", "--time", "2",
-                   "--json", "--markdown", summary)  # fmt: skip
+    proc = run_lto("gate", "--rerun", "--baseline", model, "--candidate", model, "--shape", "batch=1",
+                   "--time", "2", "--json", "--markdown", summary)  # fmt: skip
     assert proc.returncode in (0, 12), (proc.stdout, proc.stderr)
     data = json.loads(proc.stdout)
     assert data["verdict"] in ("pass", "inconclusive")
@@ -532,8 +540,8 @@ def test_rerun_flags_a_much_slower_model(tmp_path: Path) -> None:
     slow = tmp_path / "slow.onnx"
     onnx.save(add_extra_work(onnx.load(str(model)), 3.0)[0], str(slow))
     out = tmp_path / "gate.json"
-    proc = run_lto("gate", "--rerun", "-b", model, "-c", slow, "--shape", "batch=1", "--time", "3",
-                   "--json", "-o", out)  # fmt: skip
+    proc = run_lto("gate", "--rerun", "--baseline", model, "--candidate", slow, "--shape", "batch=1",
+                   "--time", "3", "--json", "-o", out)  # fmt: skip
     data = json.loads(proc.stdout)
     assert proc.returncode == 11, (data["reason"], proc.stderr)
     assert [r["run"] for r in data["interleaved_runs"]] == [1, 2]  # confirmed by a second interleaved run
@@ -546,8 +554,12 @@ def test_rerun_flags_a_much_slower_model(tmp_path: Path) -> None:
 
 def test_rerun_usage_errors(tmp_path: Path) -> None:
     model = _model(tmp_path)
-    assert_clean_error(run_lto("gate", "--rerun", "-c", model), 2, "--rerun needs --baseline")
+    assert_clean_error(run_lto("gate", "--rerun", "--candidate", model), 2, "--rerun needs --baseline")
     assert_clean_error(
-        run_lto("gate", "--rerun", "-b", model, "-c", model, "--update-baseline"), 2, "apply to reports"
+        run_lto("gate", "--rerun", "--baseline", model, "--candidate", model, "--update-baseline"),
+        2,
+        "apply to reports",
     )
-    assert_clean_error(run_lto("gate", "--rerun", "-b", tmp_path / "nope.onnx", "-c", model), 2, "not found")
+    assert_clean_error(
+        run_lto("gate", "--rerun", "--baseline", tmp_path / "nope.onnx", "--candidate", model), 2, "not found"
+    )

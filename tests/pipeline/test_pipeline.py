@@ -412,7 +412,7 @@ def make_calib(tmp_path: Path) -> Path:
 
 
 def test_external_data_goes_through_stages_into_the_artifact(tmp_path: Path) -> None:
-    from optimize.onnx_utils import save_model
+    from optimize.onnx_file import save_model
 
     src = tmp_path / "ext"
     src.mkdir()

@@ -20,11 +20,11 @@ import pytest
 from optimize.report import validate_report
 from optimize.serve.batcher import Batcher, BatcherConfig
 from optimize.serve.loadgen import (
-    InProcessTarget,
+    Endpoint,
+    InProcessEndpoint,
     LoadResult,
     LoadSettings,
     Outcome,
-    Target,
     find_max_qps,
     load_report,
     parse_server_timing,
@@ -41,7 +41,7 @@ def run(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout=240))
 
 
-class PatternTarget(Target):
+class PatternEndpoint(Endpoint):
     """Every 10th request sleeps 50 ms, every 25th fails with "overloaded", the rest sleep 5 ms."""
 
     name = "pattern"
@@ -58,15 +58,15 @@ class PatternTarget(Target):
         return Outcome("ok", phases, 4)
 
 
-def serial_target(ms: float) -> tuple[Batcher, InProcessTarget]:
+def serial_target(ms: float) -> tuple[Batcher, InProcessEndpoint]:
     """A server that runs one request at a time taking `ms` each: capacity 1000/ms requests/s."""
     batcher = Batcher([SleepBackend(base_ms=ms, batchable=False)], BatcherConfig(target_latency_ms=LONG))
-    return batcher, InProcessTarget(batcher, {"x": np.zeros((1, 4), np.float32)})
+    return batcher, InProcessEndpoint(batcher, {"x": np.zeros((1, 4), np.float32)})
 
 
 def test_statistics_errors_and_breakdown_on_a_target_of_known_latency() -> None:
     settings = LoadSettings(concurrency=1, requests=200, warmup=0, slo_ms=LONG, percentile=99)
-    result: LoadResult = run(run_load(PatternTarget(), settings))
+    result: LoadResult = run(run_load(PatternEndpoint(), settings))
     assert result.issued == 200
     assert result.errors == {"overloaded": 8}  # every 25th
     assert result.completed == 192
@@ -128,7 +128,7 @@ def test_open_loop_keeps_the_poisson_schedule_and_reports_queueing() -> None:
 
 def test_duration_runs_until_the_minimum_query_count() -> None:
     settings = LoadSettings(concurrency=4, duration_s=0.01, min_queries=40, warmup=0)
-    result = run(run_load(PatternTarget(), settings))
+    result = run(run_load(PatternEndpoint(), settings))
     assert result.issued >= 40
     assert result.stopped_by == "duration"
     assert LoadSettings(percentile=99).effective_min_queries() == 1000
@@ -185,7 +185,7 @@ def test_saturation_warning_and_server_timing_parsing() -> None:
 
 def test_report_is_valid_in_the_shared_schema() -> None:
     settings = LoadSettings(concurrency=2, requests=50, warmup=0, slo_ms=LONG)
-    target = PatternTarget()
+    target = PatternEndpoint()
     result = run(run_load(target, settings))
     report = load_report([result], target=target, backend="fake", model_path=None, input_spec=None,
                          settings=settings)  # fmt: skip
@@ -221,7 +221,7 @@ def test_lto_serve_validate_runs_load_over_http_and_exits_with_the_verdict(tmp_p
     model = make_matmul_model(tmp_path / "tiny.onnx", features=16, out=4)
     report_path = tmp_path / "validate.json"
     proc = run_lto("serve", model, "--port", "0", "--validate", "--qps", "100", "--requests", "200",
-                   "--slo-ms", "60000", "--report", report_path, timeout=240)  # fmt: skip
+                   "--slo-ms", "60000", "--output", report_path, timeout=240)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verdict: PASS" in proc.stdout and "drained" in proc.stdout
     report = json.loads(report_path.read_text())
@@ -238,7 +238,7 @@ def test_lto_serve_validate_runs_load_over_http_and_exits_with_the_verdict(tmp_p
 def test_lto_load_drives_an_artifact_in_process(tmp_path: Path) -> None:
     from optimize.artifact import write_artifact
     from optimize.inputs import resolve_inputs
-    from optimize.serve.loading import calibration_row, open_instances, resolve_model
+    from optimize.serve.loading import calibration_row, open_instances, resolve_served
     from optimize.stage import Candidate
 
     model = make_matmul_model(tmp_path / "m.onnx", features=16, out=4)
@@ -254,8 +254,8 @@ def test_lto_load_drives_an_artifact_in_process(tmp_path: Path) -> None:
         report={"kind": "optimize"},
         report_md="# report\n",
     )
-    served = resolve_model(None, art)
-    assert served.name == "art" and served.runtime_config == {"intra_op_num_threads": 1}
+    served = resolve_served(None, art)
+    assert served.label == "art" and served.runtime_config == {"intra_op_num_threads": 1}
     backends = open_instances(served, 1)
     row, why = calibration_row(served, backends[0])
     assert why is None and row is not None and row["x"].shape == (1, 16)  # one row of the spec's batch 8

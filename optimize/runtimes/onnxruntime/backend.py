@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from optimize.errors import ModelError, UsageError
+from optimize.errors import ModelError, UsageError, message_line
 from optimize.runtimes.base import Backend, TensorSpec, check_thread_settings
 
 # ONNX type strings as ORT reports them -> numpy dtype names.
@@ -117,7 +117,7 @@ class OrtBackend(Backend):
                 kwargs["disabled_optimizers"] = disabled
             self.session = ort.InferenceSession(str(self.model_path), so, **kwargs)
         except Exception as exc:  # ORT raises its own exception types for every load failure
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = message_line(exc)
             raise ModelError(f"onnxruntime cannot load {self.model_path.name}: {first}") from exc
         self._input_names = [i.name for i in self.session.get_inputs()]
         self._output_names = [o.name for o in self.session.get_outputs()]

@@ -43,7 +43,7 @@ class _Graph:
     """Producer lookups over the main graph."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        from optimize.onnx_utils import constant_values
+        from optimize.onnx_file import constant_values
 
         self.nodes = list(model.graph.node)
         self.producer = {out: node for node in self.nodes for out in node.output}
@@ -158,7 +158,7 @@ def fuse_transformer(src: Path, dst: Path, options: dict[str, Any]) -> tuple[dic
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    from optimize.onnx_utils import file_has_external_data, op_counts, read_model, save_model
+    from optimize.onnx_file import file_has_external_data, op_counts, read_model, save_model
 
     external = file_has_external_data(src)
     model = read_model(src)
@@ -227,7 +227,7 @@ class GraphFusionStage(OnnxRuntimeStage):
     def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
         if reason := super().skip_reason(candidate, ctx):
             return reason
-        from optimize.onnx_utils import op_counts, read_model
+        from optimize.onnx_file import op_counts, read_model
 
         model = read_model(candidate.model_path, load_external_data=False)
         ops = op_counts(model)

@@ -42,15 +42,9 @@ class MemoryLayoutStage(OnnxRuntimeStage):
     )
 
     def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
-        from optimize.env import cpu_isa_flags, physical_cores
-        from optimize.onnx_utils import (
-            NCHWC_DOMAIN,
-            nchwc_block_width,
-            nchwc_isa_requires,
-            op_counts,
-            ort_save_optimized,
-            read_model,
-        )
+        from optimize.env import cpu_isa_flags, nchwc_block_width, nchwc_isa_requires, physical_cores
+        from optimize.onnx_file import NCHWC_DOMAIN, op_counts, read_model
+        from optimize.runtimes.onnxruntime.graph import ort_save_optimized
 
         ops = op_counts(read_model(candidate.model_path, load_external_data=False))
         conv_net = any(ops.get(op, 0) for op in _CONV_OPS)

@@ -38,15 +38,15 @@ class OperatorFusionStage(OnnxRuntimeStage):
     def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
         import onnxruntime as ort
 
-        from optimize.onnx_utils import (
+        from optimize.onnx_file import (
             NCHWC_DOMAIN,
             infer_shapes,
             op_counts,
             opset_map,
-            ort_save_optimized,
             read_model,
             save_model,
         )
+        from optimize.runtimes.onnxruntime.graph import ort_save_optimized
 
         levels = {str(level).lower() for level in ctx.options.get("levels", ("extended", "layout"))}
         unknown = sorted(levels - set(KNOWN_LEVELS))

@@ -39,7 +39,7 @@ def _run_with_outputs(
     import onnx
     import onnxruntime as ort
 
-    from optimize.onnx_utils import read_model, save_model
+    from optimize.onnx_file import read_model, save_model
 
     model = read_model(path)
     existing = {o.name for o in model.graph.output}
@@ -119,7 +119,7 @@ def rank_sensitive_nodes(
     A node's score is the per-channel relative error of its output (quantized vs float model)
     minus the largest error already present on its activation inputs: the error it adds itself.
     """
-    from optimize.onnx_utils import read_model
+    from optimize.onnx_file import read_model
 
     model = read_model(float_path, load_external_data=False)
     wanted = set(node_names) & quantized_node_names(

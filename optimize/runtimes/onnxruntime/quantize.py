@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from optimize.errors import InputError, LtoError
+from optimize.errors import InputError, LtoError, message_line
 from optimize.runtimes.onnxruntime.quant_sensitivity import (
     CONV_WEIGHT_OPS,
     backoff_sizes,
@@ -149,7 +149,7 @@ ORT_FUSED_OPS = frozenset({"FusedConv", "FusedGemm", "FusedMatMul"})
 
 def quantization_source(candidate: Candidate, ctx: StageContext) -> tuple[Path, str]:
     """The model to quantize: the candidate's, unless ORT-fused kernels would hide its weights."""
-    from optimize.onnx_utils import NCHWC_DOMAIN, op_counts, read_model
+    from optimize.onnx_file import NCHWC_DOMAIN, op_counts, read_model
 
     ops = op_counts(read_model(candidate.model_path, load_external_data=False))
     blocking = sorted(op for op in ORT_FUSED_OPS if ops.get(f"com.microsoft:{op}", 0))
@@ -188,7 +188,7 @@ class QuantizeStage(OnnxRuntimeStage):
     )
 
     def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
-        from optimize.onnx_utils import QUANT_OPS, op_counts, read_model
+        from optimize.onnx_file import QUANT_OPS, op_counts, read_model
 
         if reason := super().skip_reason(candidate, ctx):
             return reason
@@ -205,8 +205,8 @@ class QuantizeStage(OnnxRuntimeStage):
         return None
 
     def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
-        from optimize.env import cpu_isa_flags
-        from optimize.onnx_utils import has_vnni, read_model
+        from optimize.env import cpu_isa_flags, has_vnni
+        from optimize.onnx_file import read_model
 
         opts = ctx.options
         flags = cpu_isa_flags()
@@ -260,7 +260,7 @@ class QuantizeStage(OnnxRuntimeStage):
                 skipped.append(str(exc))
                 continue
             except Exception as exc:  # one failing variant must not take the others down
-                errors[tag or "plain"] = exc.one_line() if isinstance(exc, LtoError) else _first_line(exc)
+                errors[tag or "plain"] = exc.one_line() if isinstance(exc, LtoError) else message_line(exc)
                 ctx.log(f"variant {tag or 'plain'} failed: {errors[tag or 'plain']}")
                 continue
             cand.details.update(notes)
@@ -275,7 +275,7 @@ class QuantizeStage(OnnxRuntimeStage):
         return out
 
     def _fused_source(self, source: Path, ctx: StageContext) -> tuple[str, Path, dict[str, Any]] | None:
-        from optimize.onnx_utils import op_counts, read_model
+        from optimize.onnx_file import op_counts, read_model
         from optimize.runtimes.onnxruntime.graph_fusion import detect_transformer, fuse_transformer
 
         model = read_model(source, load_external_data=False)
@@ -358,7 +358,7 @@ class QuantizeStage(OnnxRuntimeStage):
         self, source: Path, tag: str, base: Candidate, ctx: StageContext, mode: str
     ) -> tuple[Path, str]:
         """A copy with every node named (exclusion is by name), pre-processed for static quantization."""
-        from optimize.onnx_utils import ensure_node_names, file_has_external_data, read_model, save_model
+        from optimize.onnx_file import ensure_node_names, file_has_external_data, read_model, save_model
 
         suffix = f"-{tag}" if tag else ""
         note = "none"
@@ -372,7 +372,7 @@ class QuantizeStage(OnnxRuntimeStage):
                     quant_pre_process(str(source), str(pre), auto_merge=True, save_as_external_data=external)
                 source, note = pre, "quant_pre_process (symbolic shapes, ORT basic optimizations)"
             except Exception as exc:
-                note = f"quant_pre_process failed, quantizing the model as is: {_first_line(exc)}"
+                note = f"quant_pre_process failed, quantizing the model as is: {message_line(exc)}"
                 ctx.log(note)
         model = read_model(source)
         ensure_node_names(model)
@@ -405,8 +405,8 @@ class QuantizeStage(OnnxRuntimeStage):
         try:
             cand = quantizer.quantize(base, excluded, index)
         except Exception as exc:  # a failing variant is recorded, never a crash
-            attempts.append({"attempt": index, "excluded": len(excluded), "error": _first_line(exc)})
-            ctx.log(f"quantization attempt {index} failed: {_first_line(exc)}")
+            attempts.append({"attempt": index, "excluded": len(excluded), "error": message_line(exc)})
+            ctx.log(f"quantization attempt {index} failed: {message_line(exc)}")
             return None
         attempts.append({"attempt": index, "excluded": len(excluded)})
         return cand
@@ -429,7 +429,7 @@ class _Quantizer:
         self.settings = settings
         self.opts = opts
         self.calibration = calibration
-        from optimize.onnx_utils import file_has_external_data
+        from optimize.onnx_file import file_has_external_data
 
         self.external = file_has_external_data(prepared)
         self.tag = tag
@@ -437,20 +437,20 @@ class _Quantizer:
         self._calib_cache: Path | None = None
 
     def quantizable_nodes(self) -> list[str]:
-        from optimize.onnx_utils import read_model
+        from optimize.onnx_file import read_model
 
         ops = STATIC_OP_TYPES if self.settings["mode"] == "static" else DYNAMIC_OP_TYPES
         model = read_model(self.prepared, load_external_data=False)
         return [n.name for n in model.graph.node if n.op_type in ops and n.op_type != "Gather"]
 
     def _gemm_names(self) -> set[str]:
-        from optimize.onnx_utils import read_model
+        from optimize.onnx_file import read_model
 
         model = read_model(self.prepared, load_external_data=False)
         return {n.name for n in model.graph.node if n.op_type == "Gemm"}
 
     def quantize(self, base: Candidate, excluded: list[str], index: int) -> Candidate:
-        from optimize.onnx_utils import QUANT_OPS, op_counts, read_model, save_model
+        from optimize.onnx_file import QUANT_OPS, op_counts, read_model, save_model
 
         suffix = f"-{self.tag}" if self.tag else ""
         out = self.workdir / f"{self.settings['mode']}-int8{suffix}-{index}.onnx"
@@ -491,7 +491,7 @@ class _Quantizer:
         import onnx
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        from optimize.onnx_utils import op_counts, read_model
+        from optimize.onnx_file import op_counts, read_model
 
         ops = op_counts(read_model(self.prepared, load_external_data=False))
         extra: dict[str, Any] = {}
@@ -531,8 +531,8 @@ class _Quantizer:
                 self._static_one(out, excluded, fmt_i, method_i)
                 _check_loads(out)
             except Exception as exc:  # e.g. Entropy "Too many bins" on masks, QOperator type errors
-                self.failed_variants[key] = _first_line(exc)
-                errors.append(f"{key}: {_first_line(exc)}")
+                self.failed_variants[key] = message_line(exc)
+                errors.append(f"{key}: {message_line(exc)}")
                 continue
             self.settings["quant_format"], self.settings["calibration_method"] = fmt_i, method_i
             return f"static-{fmt_i}"
@@ -609,11 +609,6 @@ def _gate_summary(result: AccuracyResult) -> dict[str, Any]:
     if result.reason:
         summary["reason"] = result.reason
     return summary
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @contextlib.contextmanager

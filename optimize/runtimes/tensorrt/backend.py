@@ -33,7 +33,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "runtime": "auto",
 }
 
-_CUDA_HINT = "install cuda-python (part of the GPU extra: pip install 'lto[gpu]')"
+_CUDA_HINT = "install cuda-python (part of the GPU extra: pip install 'lto-onnx[gpu]')"
 
 
 class _Cuda:
@@ -123,14 +123,13 @@ def read_manifest(engine_path: Path, engine_bytes: bytes) -> dict[str, Any] | No
     The second form finds the manifest after the engine was renamed (an artifact stores the
     stage's `model_fp16.engine` as `model.engine` next to `model_fp16.engine.json`).
     """
-    import hashlib
-
+    from optimize.files import sha256_bytes
     from optimize.runtimes.tensorrt.engine import manifest_path
 
     path = manifest_path(engine_path)
     if path.is_file():
         return _load_json(path)
-    digest = hashlib.sha256(engine_bytes).hexdigest()
+    digest = sha256_bytes(engine_bytes)
     for other in sorted(engine_path.parent.glob("*.engine.json")):
         data = _load_json(other)
         if data.get("engine_sha256") == digest:

@@ -38,7 +38,7 @@ def default_cache_dir(options: dict[str, Any]) -> Path:
 
 
 def has_qdq(model_path: Path) -> bool:
-    from optimize.onnx_utils import op_counts, read_model
+    from optimize.onnx_file import op_counts, read_model
 
     ops = op_counts(read_model(model_path, load_external_data=False))
     return any(ops.get(op, 0) or ops.get(f"ai.onnx:{op}", 0) for op in _QDQ_OPS)
@@ -56,7 +56,7 @@ def convert_fp16(src: Path, dst: Path) -> list[Path]:
 
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    from optimize.onnx_utils import read_model, save_model
+    from optimize.onnx_file import read_model, save_model
 
     model = OnnxModel(read_model(src))
     # The converter prints a warning for every constant it clamps into fp16 range.
@@ -97,7 +97,7 @@ class TensorrtBuildStage(Stage):
             return (
                 f"only TensorRT-RTX is installed and it cannot target {device.name} "
                 f"(compute capability {device.sm}); "
-                "install full TensorRT: pip install 'lto[gpu]'"
+                "install full TensorRT: pip install 'lto-onnx[gpu]'"
             )
         source = ctx.best_standard
         if not source.standard_ops or source.model_path.suffix != ".onnx":

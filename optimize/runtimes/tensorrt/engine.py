@@ -12,7 +12,6 @@ JSON manifest beside it (`model.engine.json`) and loading checks it before Tenso
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import re
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from optimize.errors import BackendUnavailable, InputError, LtoError, UsageError
+from optimize.files import sha256_bytes, sha256_file
 from optimize.gpu import GpuDevice, GpuStatus
 
 MANIFEST_FORMAT = "lto-tensorrt-engine"
@@ -46,7 +46,7 @@ def rtx_target(trt: Any, cc: tuple[int, int]) -> Any:
     return getattr(trt.ComputeCapability, f"SM{cc[0]}{cc[1]}", None)
 
 
-INSTALL_HINT = "install the GPU extra: pip install 'lto[gpu]' (see the README's GPU section)"
+INSTALL_HINT = "install the GPU extra: pip install 'lto-onnx[gpu]' (see the README's GPU section)"
 
 
 class EngineBuildError(LtoError):
@@ -297,10 +297,6 @@ def make_logger(trt: Any, echo: Any = None) -> Any:
 # Manifest
 
 
-def _sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def manifest_path(engine_path: str | Path) -> Path:
     return Path(f"{engine_path}.json")
 
@@ -326,7 +322,7 @@ def check_manifest(
             f"this machine has {runtime_version}; "
             "TensorRT engines only load in the version that built them"
         )
-    if engine_bytes is not None and manifest.get("engine_sha256") not in (None, _sha256_bytes(engine_bytes)):
+    if engine_bytes is not None and manifest.get("engine_sha256") not in (None, sha256_bytes(engine_bytes)):
         return "the engine file changed after its manifest was written"
     if device is None:
         return "no CUDA device to run the engine on"
@@ -581,7 +577,7 @@ def build_engine(
         "outputs": io_out,
         "source_model": onnx_path.name,
         "source_model_sha256": _file_sha256(onnx_path),
-        "engine_sha256": _sha256_bytes(engine_bytes),
+        "engine_sha256": sha256_bytes(engine_bytes),
         "engine_bytes": len(engine_bytes),
         "timing_cache": cache_info,
         "build_s": round(build_s, 3),
@@ -595,8 +591,6 @@ def build_engine(
 
 
 def _file_sha256(path: Path) -> str | None:
-    from optimize.files import sha256_file
-
     with contextlib.suppress(OSError):
         return sha256_file(path)
     return None

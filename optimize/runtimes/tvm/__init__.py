@@ -16,9 +16,9 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from optimize.errors import BackendUnavailable
+from optimize.errors import BackendUnavailable, message_line
 
-INSTALL_HINT = "install the TVM extra: pip install 'lto[tvm]'"
+INSTALL_HINT = "install the TVM extra: pip install 'lto-onnx[tvm]'"
 
 # GPU tensor intrinsics that `tvm.s_tir.tensor_intrin` registers on import. Importing the package
 # takes ~40 s on a loaded 2-core box, 33 s of it in `.cuda` (measured with `python -X importtime`),
@@ -87,7 +87,7 @@ def import_tvm(num_threads: int | None = None, *, for_tuning: bool = False) -> A
             raise BackendUnavailable("apache-tvm is not installed", INSTALL_HINT) from exc
         raise BackendUnavailable(f"apache-tvm cannot be imported: {exc}", INSTALL_HINT) from exc
     except ImportError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = message_line(exc)
         raise BackendUnavailable(f"apache-tvm cannot be imported: {first}", INSTALL_HINT) from exc
     return tvm
 
@@ -126,7 +126,7 @@ def check_tuning_dependencies() -> str | None:
     if ffi and ffi.startswith(_BAD_FFI_PREFIXES):
         return (
             f"apache-tvm-ffi {ffi} segfaults when MetaSchedule saves tuning records; "
-            "install apache-tvm-ffi==0.1.14.post1 (pip install 'lto[tvm]')"
+            "install apache-tvm-ffi==0.1.14.post1 (pip install 'lto-onnx[tvm]')"
         )
     for module, why in (
         ("cloudpickle", "MetaSchedule's local builder/runner workers"),

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from optimize.errors import BackendUnavailable, ModelError, UsageError
+from optimize.errors import BackendUnavailable, ModelError, UsageError, message_line
 from optimize.runtimes.base import Backend, TensorSpec
 
 DEFAULT_CONFIG: dict[str, Any] = {"num_threads": 0, "process": "isolated"}
@@ -104,7 +104,7 @@ class TvmBackend(Backend):
             vm = VirtualMachine(library, tvm.cpu())
             self._main = vm["main"]
         except Exception as exc:  # TVM raises TVMError/RuntimeError subclasses for bad libraries
-            first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+            first = message_line(exc)
             raise ModelError(f"TVM cannot load {self.model_path.name}: {first.strip()}") from exc
         self._vm = vm
         self._tvm = tvm
@@ -143,15 +143,10 @@ class TvmBackend(Backend):
         """Inter-process cost of the last run() when isolated (see SubprocessBackend)."""
         return getattr(self._remote, "last_overhead_ms", None)
 
-    def measure(self, feeds: Mapping[str, np.ndarray], settings: Any = None, label: str = "model",
-                batch_size: int | None = None) -> Any:  # fmt: skip
-        """Measure with `optimize.bench.measure` where the library runs (inside the child when
-        isolated), so the figure has no inter-process overhead in it."""
-        if self._remote is not None:
-            return self._remote.measure(feeds, settings, label, batch_size)  # type: ignore[attr-defined]
-        from optimize.bench import measure
-
-        return measure(self, feeds, settings, label=label, batch_size=batch_size)
+    @property
+    def host(self) -> Backend | None:
+        """The child process hosting the library when isolated (None: in this process)."""
+        return self._remote
 
     def describe(self) -> dict[str, Any]:
         from optimize.runtimes.tvm import tvm_version

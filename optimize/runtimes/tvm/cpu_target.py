@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from optimize.errors import UsageError
+from optimize.errors import UsageError, message_line
 
 # LLVM target features -> the /proc/cpuinfo flag that says the CPU executes them. Only
 # instruction-set features are listed; LLVM's tuning features ("fast-15bytenop") are not ISA.
@@ -129,7 +129,7 @@ def _parse_user_target(text: str) -> dict[str, Any]:
     return {"kind": "llvm", "mcpu": value}
 
 
-def resolve_target(text: str | None = None, num_cores: int | None = None) -> TargetInfo:
+def resolve_cpu_target(text: str | None = None, num_cores: int | None = None) -> TargetInfo:
     """The target to build for: the host CPU (text None or 'host') or the one named in `text`.
 
     Raises UsageError for a CPU LLVM does not know, for "native", and for non-CPU targets.
@@ -169,7 +169,7 @@ def resolve_target(text: str | None = None, num_cores: int | None = None) -> Tar
     try:
         target = tvm.target.Target(spec)
     except Exception as exc:  # TVM raises ValueError/TVMError for malformed attributes
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = message_line(exc)
         raise UsageError(f"TVM rejects the target {json.dumps(spec)}: {first}") from None
     features = {str(f) for f in codegen.llvm_get_cpu_features(target)}
     isa = tuple(sorted({LLVM_FEATURE_TO_CPUINFO[f] for f in features if f in LLVM_FEATURE_TO_CPUINFO}))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from optimize.errors import ModelError
+from optimize.errors import ModelError, message_line
 from optimize.runtimes.base import TensorSpec
 
 RECIPE_VERSION = "decompose+canonicalize+zero/1"
@@ -119,8 +119,7 @@ _KNOWN_BROKEN = {
 
 
 def _import_failure(model: Any, exc: Exception) -> str:
-    text = str(exc).strip()
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(exc).__name__)
+    first = message_line(exc)
     broken = sorted({n.op_type for n in model.graph.node if n.op_type in _KNOWN_BROKEN})
     if broken:
         return f"TVM's ONNX frontend cannot convert {', '.join(_KNOWN_BROKEN[op] for op in broken)} ({first})"

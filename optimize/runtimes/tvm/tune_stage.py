@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from optimize.errors import UsageError
+from optimize.errors import UsageError, message_line
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 
 DEFAULT_TRIALS = 64
@@ -124,7 +124,7 @@ class TvmTuneStage(Stage):
     @staticmethod
     def source_model(ctx: StageContext) -> tuple[Path, str]:
         """The standard-op ONNX graph to compile, and a word on where it came from."""
-        from optimize.onnx_utils import iter_nodes
+        from optimize.onnx_file import iter_nodes
 
         best = ctx.best_standard
         if best is not None and best.standard_ops and best.model_path.suffix == ".onnx":
@@ -158,7 +158,7 @@ class TvmTuneStage(Stage):
         opts = _options(ctx.options)
         from optimize.runtimes.tvm import import_tvm, tvm_ffi_version, tvm_version
         from optimize.runtimes.tvm.cache import TuningCache, cache_key, default_cache_dir
-        from optimize.runtimes.tvm.cpu_target import resolve_target
+        from optimize.runtimes.tvm.cpu_target import resolve_cpu_target
         from optimize.runtimes.tvm.relax_build import (
             RECIPE_VERSION,
             TvmImportError,
@@ -172,7 +172,7 @@ class TvmTuneStage(Stage):
 
         started = time.monotonic()
         import_tvm(opts.get("num_threads"), for_tuning=True)
-        info = resolve_target(opts.get("target"), opts.get("num_threads"))
+        info = resolve_cpu_target(opts.get("target"), opts.get("num_threads"))
         # MetaSchedule's runner workers measure with the thread pool this sets (they inherit it).
         os.environ["TVM_NUM_THREADS"] = str(opts.get("num_threads") or info.num_cores)
         source, source_label = self.source_model(ctx)
@@ -282,7 +282,7 @@ class TvmTuneStage(Stage):
         try:
             executable.export_library(str(library))
         except Exception as exc:
-            first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+            first = message_line(exc)
             raise StageSkipped(f"exporting the TVM library failed: {first.strip()}") from exc
         tuning_json = {
             **summary.to_json(),

@@ -12,13 +12,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 from optimize.errors import ModelError
 from optimize.files import sha256_file
-from optimize.model import (
+from optimize.onnx_file import (
     check_model,
     external_data_files,
     load_model,
     max_supported_opsets,
     model_sha256,
     opset_version,
+    strip_unused_opsets,
     uses_external_data,
 )
 from tests.cli_helpers import assert_clean_error, run_lto
@@ -182,3 +183,20 @@ def test_check_model_reports_type_errors_without_raising(tmp_path: Path) -> None
         "checker": {"full_check": True, "ok": True, "error": None},
         "shape_inference": {"strict": True, "ok": True, "error": None},
     }
+
+
+def test_strip_unused_opsets_drops_and_declares() -> None:
+    node = helper.make_node("FusedMatMul", ["a", "b"], ["c"], domain="com.microsoft")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 2]) for n in "ab"],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2, 2])],
+        [numpy_helper.from_array(np.zeros(1, np.float32), "unused")],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 5)]
+    )
+    removed = strip_unused_opsets(model)
+    assert removed == ["ai.onnx.ml"]
+    assert {(o.domain, o.version) for o in model.opset_import} == {("", 17), ("com.microsoft", 1)}

@@ -1,0 +1,60 @@
+"""Flags mean one thing everywhere: short letters, output paths, percentiles and durations."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import typer
+
+from optimize.cli import app
+from tests.cli_helpers import assert_clean_error, run_lto
+from tests.conftest import make_matmul_model
+
+
+def _short_flags() -> Iterator[tuple[str, str, str]]:
+    """(command, short flag, its long name) for every short flag of every command."""
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():  # type: ignore[attr-defined]
+        for param in command.params:
+            names = [*param.opts, *param.secondary_opts]
+            long_name = next((o for o in names if o.startswith("--")), str(param.name))
+            for opt in names:
+                if not opt.startswith("--") and opt.startswith("-"):
+                    yield name, opt, long_name
+
+
+def test_a_short_flag_means_one_thing_in_every_command() -> None:
+    meanings: dict[str, set[str]] = {}
+    for _, short, long_name in _short_flags():
+        meanings.setdefault(short, set()).add(long_name)
+    assert {short: longs for short, longs in meanings.items() if len(longs) > 1} == {}
+    assert meanings["-o"] == {"--output"} and meanings["-b"] == {"--batch"}
+    writers = {command for command, short, _ in _short_flags() if short == "-o"}
+    assert writers == {"bench", "optimize", "gate", "serve", "load", "report"}
+
+
+def test_load_percentile_duration_and_output_spellings(tmp_path: Path) -> None:
+    model = make_matmul_model(tmp_path / "tiny.onnx", features=16, out=4)
+    out = tmp_path / "load.json"
+    proc = run_lto("load", model, "--requests", "20", "--percentile", "p99.9", "--duration", "1.5s",
+                   "--slo-ms", "60000", "-o", out)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["settings"]["percentile"] == 99.9 and report["settings"]["duration_s"] == 1.5
+    # The old spellings still work: a bare number, and --report (hidden, with a warning).
+    old = tmp_path / "old.json"
+    proc = run_lto("load", model, "--requests", "20", "--percentile", "99", "--report", old)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "--report is deprecated, use --output" in proc.stderr
+    assert json.loads(old.read_text())["settings"]["percentile"] == 99.0
+
+
+def test_bad_units_and_removed_short_flags_are_usage_errors(tmp_path: Path) -> None:
+    model = make_matmul_model(tmp_path / "tiny.onnx", features=16, out=4)
+    assert_clean_error(run_lto("load", model, "--percentile", "p100"), 2, "--percentile", "p99")
+    assert_clean_error(run_lto("bench", model, "--time", "1h30x"), 2, "bad duration '1h30x' for --time")
+    # `lto gate` spells --baseline and --candidate out: -b is --batch and -c --concurrency elsewhere.
+    proc = run_lto("gate", "-b", model, "-c", model, "--rerun")
+    assert proc.returncode == 2 and "No such option" in proc.stderr

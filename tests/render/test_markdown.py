@@ -1,0 +1,200 @@
+"""Markdown rendering: each report kind through `lto report`, and the sections on known data."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from optimize.gate import EXIT_CODES, Side, decide
+from optimize.render.markdown import gate_section, render_markdown
+from optimize.report import load_report, new_report
+from optimize.serve.loadgen import HttpEndpoint, LoadResult, LoadSettings, MaxQpsSearch
+from optimize.serve.loadgen import load_report as make_load_report
+from tests.cli_helpers import run_lto
+from tests.conftest import sample_path
+from tests.test_report import SAMPLE_MEASUREMENT
+
+KINDS = ("bench", "compare", "optimize", "load", "gate")
+
+
+def _bench_report(tmp_path: Path) -> dict[str, Any]:
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"fake model bytes")
+    report = new_report("bench", model_path=model, input_spec=None, settings={"x": 1})
+    report["results"].append(SAMPLE_MEASUREMENT)
+    return report
+
+
+def test_markdown_rendering_has_the_numbers(tmp_path: Path) -> None:
+    report = _bench_report(tmp_path)
+    report["comparison"] = {"labels": ["A", "B"], "metric": "p50", "ratio": 0.5, "ratio_ci95": [0.45, 0.55],
+                            "speedup": 2.0, "chunks": 8}  # fmt: skip
+    text = render_markdown(report)
+    assert "| m@b1 | onnxruntime | 1 | 1.100 |" in text
+    assert "B is faster than A" in text
+    assert report["environment"]["fingerprint"] in text
+
+
+def test_a_section_renderer_that_cannot_be_imported_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A renderer that failed to import used to be swallowed: the section came out as raw JSON.
+    monkeypatch.setitem(sys.modules, "optimize.render.optimize_section", None)
+    report = _bench_report(tmp_path)
+    report["optimize"] = {"stages": []}
+    with pytest.raises(ImportError):
+        render_markdown(report)
+
+
+# -- gate --------------------------------------------------------------------------------------
+
+
+def _gate_data() -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    base = Side("base.json", "m", rng.normal(1.0, 0.01, 200), fingerprint="f")
+    cand = Side("cand.json", "m", rng.normal(0.5, 0.01, 200), fingerprint="f")
+    return decide(base, cand).to_json()
+
+
+def test_gate_section_shows_a_p_value_of_zero_as_tiny_not_as_one() -> None:
+    data = _gate_data()
+    data["mann_whitney"] = {"p_slower": 1.0, "p_faster": 0.0}
+    text = gate_section(data)
+    assert "| Mann-Whitney U p | | slower 1 / faster <1e-4 |" in text
+    assert "faster 1 " not in text and "faster 1 |" not in text
+
+
+def test_gate_section_has_the_verdict_and_numbers() -> None:
+    data = _gate_data()
+    text = gate_section(data)
+    assert text.startswith(f"## 🚀 lto gate: improved (exit {EXIT_CODES['improved']})")
+    assert f"| p50 | {data['baseline_value']:.3f} ms | {data['candidate_value']:.3f} ms |" in text
+    assert "| source | `base.json` | `cand.json` |" in text
+
+
+# -- load --------------------------------------------------------------------------------------
+
+
+def _step(settings: LoadSettings, qps: float, latency_ms: float, errors: int = 0) -> LoadResult:
+    result = LoadResult(
+        replace(settings, qps=qps),
+        f"poisson {qps:.1f} qps",
+        samples_ms=[latency_ms] * 45 + [latency_ms * 2] * 5,
+        issued=50 + errors,
+        wall_s=0.5,
+    )
+    result.batch_rows.update({1: 30, 2: 20})
+    if errors:
+        result.errors["http_503"] = errors
+    return result
+
+
+def test_load_section_of_a_max_qps_search() -> None:
+    settings = LoadSettings(qps=100.0, requests=50, slo_ms=2.0, percentile=99.0, warmup=0)
+    steps = [_step(settings, 100.0, 0.5), _step(settings, 200.0, 0.8), _step(settings, 400.0, 3.0, errors=4)]
+    target = HttpEndpoint("http://127.0.0.1:8000", "mlp", {"x": np.zeros((1, 4), np.float32)})
+    report = make_load_report(
+        steps,
+        target=target,
+        backend="remote",
+        model_path=None,
+        input_spec=None,
+        settings=settings,
+        search=MaxQpsSearch(200.0, steps),
+    )
+    report["settings"]["find_max_qps"] = True
+    text = render_markdown(report)
+    load = text[text.index("## Load") :]
+    assert "```" not in text
+    assert "- target: `http://127.0.0.1:8000` (http), model `mlp`" in load
+    assert "searching the highest rate that meets the SLO; 50 requests" in load and "SLO p99 ≤ 2 ms" in load
+    # one row per step: issued, ok, errors, achieved rate (50 ok in 0.5 s), p50
+    assert "| poisson 400.0 qps | 54 | 50 | 4 (7.4%) | 100.0 | 3.000 |" in load
+    assert "- errors: http_503 4" in load
+    assert "| p99 ms |" in load  # the curve's tail column names the SLO's percentile
+    assert "| 200.0 | 100.0 | 0.800 | 1.600 | 0.0% | 1.4 | pass |" in load
+    assert "| 400.0 | 100.0 | 3.000 | 6.000 | 7.4% | 1.4 | fail |" in load
+    assert "Max qps within the SLO: **200.0**" in load
+    assert load.rstrip().endswith("Verdict: **PASS**")
+
+
+# -- every report kind, produced by the real commands ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One real report of each kind on the smallest sample model, made once for the module."""
+    model = sample_path("mlp_small.onnx")
+    out = tmp_path_factory.mktemp("reports")
+    paths = {kind: out / f"{kind}.json" for kind in KINDS}
+    paths["optimize"] = out / "optimized" / "report.json"
+    commands: dict[str, list[Any]] = {
+        "bench": ["bench", model, "--time", "0.3"],
+        "compare": ["bench", model, "--compare", model, "--time", "0.3"],
+        "load": ["load", model, "--requests", "20", "--slo-ms", "10000"],
+        "gate": ["gate", "--rerun", "--baseline", model, "--candidate", model, "--time", "0.3"],
+        "optimize": ["optimize", model, "--target-ms", "100", "--stop-at-target"],
+    }
+    for kind, args in commands.items():
+        # `lto optimize -o` names the artifact folder, which holds report.json
+        proc = run_lto(*args, "-o", paths[kind].parent if kind == "optimize" else paths[kind])
+        # the gate exits with its verdict's code; the rest succeed
+        ok = proc.returncode in EXIT_CODES.values() if kind == "gate" else proc.returncode == 0
+        assert ok and paths[kind].is_file(), (kind, proc.returncode, proc.stderr[-2000:])
+    return paths
+
+
+def _ms(value: float) -> str:
+    return f"{value:.3f}"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_lto_report_renders_every_kind_as_markdown_with_its_numbers(
+    reports: dict[str, Path], kind: str
+) -> None:
+    data = load_report(reports[kind])
+    assert data["kind"] == kind
+    proc = run_lto("report", reports[kind])
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert text.startswith(f"# lto {kind} report\n")
+    assert "```" not in text, "a section fell back to raw JSON"
+    assert f"- model: `{data['model']['path']}`" in text
+    for m in data["results"]:  # every measurement's row, with its p50
+        assert (
+            f"| {m['label']} | {m['backend']} | {m['batch_size']} | {_ms(m['latency_ms']['p50'])} |" in text
+        )
+    if kind == "compare":
+        comparison = data["comparison"]
+        assert "## Comparison (interleaved)" in text and f"**{comparison['ratio']:.3f}**" in text
+    elif kind == "optimize":
+        section = data["optimize"]
+        assert "## Optimization" in text
+        assert f"**{section['verdict']}** (exit code {section['exit_code']})" in text
+        assert f"**{section['speedup']:.2f}x**" in text
+    elif kind == "load":
+        run = data["load"]["runs"][0]
+        verdict = data["load"]["verdict"]
+        assert "## Load" in text
+        assert f"| {run['throughput_per_s']:.1f} |" in text  # achieved rate
+        assert f"| {_ms(run['latency_ms']['p99'])} |" in text
+        assert f"Verdict: **PASS** (p99 {_ms(verdict['value_ms'])} ms ≤ SLO 10000 ms)" in text
+    elif kind == "gate":
+        gate = data["gate"]
+        assert f"lto gate: {gate['verdict']} (exit {gate['exit_code']})" in text
+        assert gate["reason"] in text
+        assert f"| p50 | {_ms(gate['baseline_value'])} ms | {_ms(gate['candidate_value'])} ms |" in text
+
+
+def test_lto_report_writes_the_same_markdown_to_a_file(reports: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "load.md"
+    proc = run_lto("report", reports["load"], "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    # the file also ends with lto's "may replace" marker
+    assert out.read_text().startswith(render_markdown(json.loads(reports["load"].read_text())))

@@ -1,0 +1,54 @@
+"""The process-isolated backend host (optimize/runtimes/subprocess.py); no TVM needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from optimize.errors import LtoError
+from tests.runtimes.tvm.helpers import FEEDS, mlp_model
+
+
+def test_subprocess_backend_matches_in_process(tmp_path: Path) -> None:
+    from optimize.bench import BenchSettings, measure_where_it_runs
+    from optimize.runtimes import open_backend
+    from optimize.runtimes.subprocess import SubprocessBackend
+
+    model = mlp_model(tmp_path / "m.onnx")
+    hosted = SubprocessBackend(model, {"intra_op_num_threads": 1}, hosted_kind="onnxruntime")
+    try:
+        with open_backend("onnxruntime", model, {"intra_op_num_threads": 1}) as local:
+            assert hosted.inputs == local.inputs and hosted.outputs == local.outputs
+            np.testing.assert_array_equal(hosted.run(FEEDS)["y"], local.run(FEEDS)["y"])
+        assert hosted.last_overhead_ms is not None and hosted.last_overhead_ms >= 0.0
+        assert hosted.describe()["process"] == "isolated" and hosted.pid != __import__("os").getpid()
+        settings = BenchSettings(warmup=1, min_runs=5, max_runs=5)
+        measurement = measure_where_it_runs(hosted, FEEDS, settings, "child")  # timed inside the child
+        assert measurement.label == "child" and len(measurement.samples_ms) == 5
+        with pytest.raises(LtoError, match=r"onnxruntime worker process failed: .*double"):
+            hosted._call("run", {"x": FEEDS["x"].astype(np.float64)})
+    finally:
+        hosted.close()
+
+
+def test_subprocess_backend_reports_load_errors_and_death(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from optimize.errors import ModelError
+    from optimize.runtimes.subprocess import SubprocessBackend
+
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(ModelError, match=r"onnxruntime cannot load bad\.onnx"):
+        SubprocessBackend(bad, {}, hosted_kind="onnxruntime")
+    hosted = SubprocessBackend(mlp_model(tmp_path / "m.onnx"), {}, hosted_kind="onnxruntime")
+    try:
+        os.kill(hosted.pid, signal.SIGKILL)
+        hosted._proc.wait(timeout=10)  # fully gone: the request now fails on send, not on receive
+        with pytest.raises(LtoError, match=r"worker process died \(signal 9\)"):
+            hosted.run(FEEDS)
+    finally:
+        hosted.close()

@@ -1,0 +1,49 @@
+"""`lto serve --validate`: the `lto load` it runs is the one it prints, and can be pasted."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from optimize.serve.app import LoadOptions, _validate_child
+from optimize.serve.loadgen import LoadSettings
+from tests.cli_helpers import run_lto
+
+
+def test_validate_echoes_the_complete_load_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    printed: list[str] = []
+    launched: list[list[str]] = []
+
+    class Printer:
+        def print(self, *objects: Any, **kwargs: Any) -> None:
+            printed.append(" ".join(map(str, objects)))
+
+    class Proc:
+        async def wait(self) -> int:
+            return 0
+
+    async def fake_exec(*argv: str) -> Proc:
+        launched.append(list(argv))
+        return Proc()
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", fake_exec)
+    options = LoadOptions(LoadSettings(requests=100, slo_ms=5.0, duration_s=None))
+    running = SimpleNamespace(url="http://127.0.0.1:1")  # nothing listens on port 1
+    assert asyncio.run(_validate_child(running, "mlp_small", options, Printer())) == 0
+
+    (line,) = printed
+    echoed = line.removeprefix("[dim]validating: ").removesuffix("[/]")
+    assert "--model mlp_small" in echoed
+    words = shlex.split(echoed)
+    assert words[:5] == ["lto", "load", "http://127.0.0.1:1", "--model", "mlp_small"]
+    # the child runs exactly what was echoed
+    (argv,) = launched
+    assert argv[1:3] == ["-m", "optimize"] and argv[3:] == words[1:]
+    # and the echoed flags are ones `lto load` accepts: it gets as far as dialling the server
+    proc = run_lto(*words[1:], timeout=60)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    assert "cannot reach" in proc.stderr
