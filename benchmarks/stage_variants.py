@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from optimize.accuracy import AccuracyResult
 from optimize.bench import BenchSettings, compare
 from optimize.inputs import resolve_inputs
 from optimize.runtimes.onnxruntime.backend import OrtBackend
@@ -27,7 +28,7 @@ from optimize.runtimes.onnxruntime.graph_fusion import GraphFusionStage
 from optimize.runtimes.onnxruntime.memory_layout import MemoryLayoutStage
 from optimize.runtimes.onnxruntime.operator_fusion import OperatorFusionStage
 from optimize.runtimes.onnxruntime.quantize import QuantizeStage
-from optimize.stage import AccuracyResult, Candidate, StageContext
+from optimize.stage import Candidate, StageContext
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {"bert_tiny": {"sequence": (128,)}, "resnet_tiny": {}, "mlp_small": {}}

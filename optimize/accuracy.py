@@ -20,14 +20,23 @@ Integer and boolean outputs (token ids, masks, argmax indices) must match exactl
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from optimize.recipes import Thresholds
-from optimize.stage import AccuracyResult
+if TYPE_CHECKING:
+    from optimize.recipes import Thresholds
+
 
 Outputs = Mapping[str, np.ndarray]
+
+
+@dataclass
+class AccuracyResult:
+    ok: bool
+    reason: str  # empty when ok
+    per_output: dict[str, dict[str, float]]  # name -> {"cosine", "max_abs", "max_rel", "top1_agreement"?}
 
 
 def _as_samples(value: Outputs | Sequence[Outputs]) -> list[Outputs]:

@@ -257,6 +257,18 @@ def check_output_file(
         raise UsageError(f"{flag} {target} is a file lto did not write; lto will not replace it", fix)
 
 
+def cache_root() -> Path:
+    """$LTO_CACHE_DIR, else $XDG_CACHE_HOME/lto, else ~/.cache/lto.
+
+    One root for every cache, so a CI job can keep (or wipe) all of lto's caches with one path.
+    """
+    explicit = os.environ.get("LTO_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "lto"
+
+
 def sha256_bytes(data: bytes) -> str:
     import hashlib
 

@@ -16,17 +16,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from optimize.accuracy import AccuracyResult
 from optimize.runtime_model import RuntimeModel
 
 # What a stage proposes is a model in a runtime like any other.
 Candidate = RuntimeModel
-
-
-@dataclass
-class AccuracyResult:
-    ok: bool
-    reason: str  # empty when ok
-    per_output: dict[str, dict[str, float]]  # name -> {"cosine", "max_abs", "max_rel", "top1_agreement"?}
 
 
 @dataclass

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from optimize.stage import AccuracyResult, Candidate, StageContext
+from optimize.accuracy import AccuracyResult
+from optimize.stage import Candidate, StageContext
 
 
 class LogLines(list[str]):

@@ -25,8 +25,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from optimize.accuracy import AccuracyResult
 from optimize.errors import LtoError, message_line
-from optimize.stage import AccuracyResult, Candidate, Stage, StageContext, StageSkipped
+from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 
 _POLL_S = 0.2
 _TERM_GRACE_S = 5.0

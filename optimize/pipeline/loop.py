@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from optimize.accuracy import accuracy_json, check
+from optimize.accuracy import AccuracyResult, accuracy_json, check
 from optimize.bench import Comparison, Measurement
 from optimize.errors import first_line
 from optimize.pipeline import judge
@@ -41,7 +41,7 @@ from optimize.pipeline.summary import (
 )
 from optimize.recipes import Recipe, StageSpec
 from optimize.runtimes.base import Backend
-from optimize.stage import AccuracyResult, Candidate, Stage, StageContext, StageSkipped
+from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 from optimize.stats import percentile_ci
 
 MeasureFn = Callable[..., Any]  # optimize.bench.measure's signature

@@ -116,7 +116,7 @@ class OrtTensorrtBackend(_OrtGpuBackend):
     companions: ClassVar[list[str]] = ["CUDAExecutionProvider"]
 
     def _provider_options(self) -> dict[str, Any]:
-        from optimize.paths import cache_root
+        from optimize.files import cache_root
 
         cache = cache_root() / "ort-trt"
         defaults = {

@@ -33,13 +33,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from optimize.accuracy import AccuracyResult
 from optimize.errors import InputError, LtoError, message_line
 from optimize.runtimes.onnxruntime.quant_sensitivity import (
     CONV_WEIGHT_OPS,
     backoff_sizes,
     rank_sensitive_nodes,
 )
-from optimize.stage import AccuracyResult, Candidate, OnnxRuntimeStage, StageContext, StageSkipped
+from optimize.stage import Candidate, OnnxRuntimeStage, StageContext, StageSkipped
 
 if TYPE_CHECKING:
     import onnx

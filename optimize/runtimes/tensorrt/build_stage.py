@@ -32,7 +32,7 @@ _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
 def default_cache_dir(options: dict[str, Any]) -> Path:
-    from optimize.paths import cache_root
+    from optimize.files import cache_root
 
     return Path(options["cache_dir"]) if options.get("cache_dir") else cache_root()
 

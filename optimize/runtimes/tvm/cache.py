@@ -32,7 +32,7 @@ LOCK_FILE = ".lock"
 
 def default_cache_dir() -> Path:
     """$LTO_CACHE_DIR/tvm, else ~/.cache/lto/tvm (XDG_CACHE_HOME respected)."""
-    from optimize.paths import cache_root
+    from optimize.files import cache_root
 
     return cache_root().expanduser() / "tvm"
 

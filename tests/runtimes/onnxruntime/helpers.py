@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from optimize.accuracy import AccuracyResult
 from optimize.onnx_file import NCHWC_DOMAIN, op_counts, read_model, used_domains
 from optimize.runtimes.onnxruntime.backend import OrtBackend
-from optimize.stage import AccuracyResult, Candidate, StageContext
+from optimize.stage import Candidate, StageContext
 from tests.conftest import SAMPLES
 from tests.factories import logged, make_stage_context
 
