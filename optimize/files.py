@@ -225,7 +225,8 @@ def check_output_dir(
             f"add --force to replace it, or {fix.replace('; ', ' (', 1)})",
         )
     raise UsageError(
-        f"{flag} {shown} is a folder of {len(entries)} entries that lto did not write; "
+        f"{flag} {shown} is a folder of {len(entries)} {'entry' if len(entries) == 1 else 'entries'} "
+        "that lto did not write; "
         "lto will not replace it",
         fix,
     )

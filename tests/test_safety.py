@@ -73,7 +73,7 @@ def test_what_lto_did_not_write_is_refused_even_with_force(tmp_path: Path, kind:
     if kind == "folder-of-files":
         target.mkdir()
         (target / "thesis.tex").write_text("years of work\n")
-        needle = "entries that lto did not write"
+        needle = "1 entry that lto did not write"
     elif kind == "file":
         target.write_text("a file\n")
         needle = "is a file"
