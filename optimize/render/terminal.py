@@ -6,7 +6,7 @@ Markdown lives in optimize.render.markdown; the library modules return data and 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
@@ -14,6 +14,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from optimize.render.common import gate_rows
+
+if TYPE_CHECKING:
+    from optimize.pipeline.summary import StageRecord
 
 
 def fmt_ms(value: float) -> str:
@@ -270,7 +273,7 @@ def render_inspection(info: dict[str, Any], console: Console) -> None:
 _STATUS_STYLE = {"kept": "green", "rejected": "yellow", "skipped": "dim", "failed": "red", "baseline": "cyan"}
 
 
-def optimize_row_line(record: Any) -> str:
+def optimize_row_line(record: StageRecord) -> str:
     """One streamed line per stage record (an optimize.pipeline StageRecord) as it lands."""
     style = _STATUS_STYLE.get(record.status, "")
     p50 = f" p50 {record.latency_ms['p50']:.3f} ms" if record.latency_ms else ""

@@ -30,10 +30,14 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from optimize.errors import UsageError, message_line
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
+
+if TYPE_CHECKING:
+    from optimize.runtimes.tvm.cpu_target import TargetInfo
+    from optimize.runtimes.tvm.tuning import TaskState, TuneProgress, TuneSummary
 
 DEFAULT_TRIALS = 64
 OPTION_TYPES: dict[str, Any] = {
@@ -86,7 +90,7 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def progress_line(p: Any) -> str:
+def progress_line(p: TuneProgress) -> str:
     """One status line: tasks done/total, trials, best estimated latency, time left."""
     parts = [f"tasks {p.tasks_tuned}/{p.tasks_total} tuned", f"trials {p.trials_done}/{p.trials_planned}"]
     parts.append(f"est. {p.best_ms:.3g} ms" if p.best_ms is not None else "est. –")
@@ -234,7 +238,7 @@ class TvmTuneStage(Stage):
             if reused:
                 ctx.log(f"tuning cache {cache.path}: records for {cached_tasks} of {len(states)} kernels")
 
-            def publish(summary: Any) -> None:
+            def publish(summary: TuneSummary) -> None:
                 cache.publish(db_dir, self._meta(info, measured_on, states, summary))
                 status(progress_line(_chunk_progress(summary)))
 
@@ -337,7 +341,9 @@ class TvmTuneStage(Stage):
         return None if budget is None else float(budget)
 
     @staticmethod
-    def _meta(info: Any, measured_on: str, states: list[Any], summary: Any) -> dict[str, Any]:
+    def _meta(
+        info: TargetInfo, measured_on: str, states: list[TaskState], summary: TuneSummary
+    ) -> dict[str, Any]:
         return {
             "target": info.spec,
             "measured_on": measured_on,
@@ -356,7 +362,7 @@ def _fingerprint() -> str:
     return machine_fingerprint()
 
 
-def _chunk_progress(summary: Any) -> Any:
+def _chunk_progress(summary: TuneSummary) -> TuneProgress:
     from optimize.runtimes.tvm.tuning import TuneProgress
 
     return TuneProgress(
