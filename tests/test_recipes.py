@@ -9,7 +9,14 @@ import pytest
 from onnx import TensorProto, helper
 
 from optimize.errors import UsageError
-from optimize.recipes import detect_model_kind, list_recipes, load_recipe, parse_recipe, recipe_for_kind
+from optimize.recipes import (
+    Thresholds,
+    detect_model_kind,
+    list_recipes,
+    load_recipe,
+    parse_recipe,
+    recipe_for_kind,
+)
 from optimize.runtimes import STAGES
 from tests.conftest import SAMPLES, make_matmul_model
 
@@ -50,6 +57,26 @@ def test_recipes_differ_where_they_should() -> None:
     assert strict.accuracy.min_cosine > load_recipe("default").accuracy.min_cosine
     assert strict.accuracy.top1_tolerance == 0.0
     assert load_recipe("default").stage("quantize").run_when == "above-target"
+
+
+def test_accuracy_defaults_are_what_users_accept_and_strict_stays_strict() -> None:
+    for name in ("default", "cnn", "transformer"):
+        acc = load_recipe(name).accuracy
+        # Worst-sample, worst-slice cosine 0.99 for embeddings and plain float outputs; classifiers
+        # and CTC outputs by their task (top-1 / decode equal on 99%), on 32 samples.
+        assert (acc.min_cosine, acc.min_top1, acc.min_ctc, acc.samples) == (0.99, 0.99, 0.99, 32), name
+        assert acc.min_task_cosine < acc.min_cosine and acc.max_rel is None, name
+        assert acc == Thresholds(), name  # the recipes spell out the built-in defaults
+    strict = load_recipe("strict").accuracy
+    assert strict.min_cosine >= 0.999 and strict.min_task_cosine >= 0.999
+    assert strict.min_top1 == strict.min_ctc == strict.min_detection == 1.0
+    assert strict.samples >= 32 and strict.max_rel is not None
+
+
+def test_task_metric_overrides_in_a_recipe(tmp_path: Path) -> None:
+    recipe = load_recipe(str(write(tmp_path, MINIMAL + '[accuracy.task_metrics]\noutput0 = "detection"\n')))
+    assert recipe.accuracy.task_metrics == {"output0": "detection"}
+    assert recipe.to_json()["accuracy"]["task_metrics"] == {"output0": "detection"}
 
 
 def test_recipe_by_path_and_minimal(tmp_path: Path) -> None:
@@ -93,6 +120,13 @@ def test_recipe_by_path_and_minimal(tmp_path: Path) -> None:
         (MINIMAL + "[accuracy]\nmin_cosine = 'high'\n", "accuracy.min_cosine: expected a number"),
         (MINIMAL + "[accuracy]\nmin_cosine = 1.5\n", "accuracy.min_cosine: must be at most 1.0"),
         (MINIMAL + "[accuracy]\nmax_abs = -1\n", "accuracy.max_abs: must not be negative"),
+        (MINIMAL + "[accuracy]\nmin_ctc = 2\n", "accuracy.min_ctc: must be at most 1.0"),
+        (MINIMAL + "[accuracy]\nsamples = 0\n", "accuracy.samples: must be at least 1"),
+        (MINIMAL + "[accuracy]\ntask_metrics = 3\n", "accuracy.task_metrics: expected a table"),
+        (
+            MINIMAL + '[accuracy.task_metrics]\ny = "bleu"\n',
+            "accuracy.task_metrics.y: expected one of 'classifier'",
+        ),
         (MINIMAL + "[bench]\nmax_runs = true\n", "bench.max_runs: expected an integer"),
         (MINIMAL + "[bench]\nwarmups = 3\n", "bench.warmups: unknown key"),
         (MINIMAL + "[decision]\nmin_improvement = 1.5\n", "decision.min_improvement"),

@@ -34,6 +34,8 @@ EPILOG = """
   lto optimize model.onnx --tvm --tvm-trials 200 --tvm-target x86-64-v3
   lto optimize model.onnx --tvm --rpc-tracker 127.0.0.1:9190 --rpc-key cpu  [dim](measure on a fleet)[/]
   lto optimize model.onnx --enable tensorrt-build --shape input_ids=1x128:8x128:32x128
+  lto optimize yolo.onnx --calib-data calib.npz --eval-data eval.npz --accuracy 'detection>=0.95'
+  lto optimize asr.onnx --task-metric logits=ctc --metric wer.py:score --eval-data speech.npz
 
 [bold]Exit codes[/]
 
@@ -79,7 +81,9 @@ def optimize_command(
     calib_data: Path | None = typer.Option(
         None,
         "--calib-data",
-        help="Calibration inputs for static int8: .npz with one array per input.",
+        help="Calibration inputs for static int8: .npz with one array per input (rows along its batch "
+        "axis, or samples on a new first axis); checked before any stage; unused (with a warning) when "
+        "quantization is dynamic. Never used to judge accuracy.",
         metavar="FILE.npz",
     ),
     shape: list[str] = typer.Option(
@@ -92,7 +96,10 @@ def optimize_command(
     ),
     input_data: Path | None = InputDataOption,
     batch: int = typer.Option(
-        1, "--batch", "-b", help="Batch size for a dynamic leading dim --shape leaves open."
+        1,
+        "--batch",
+        "-b",
+        help="Batch size for a dynamic batch dim (found from the model) --shape leaves open.",
     ),
     output: Path | None = typer.Option(
         None, "--output", "-o", help="Artifact directory (default reports/<model>-<time>/)."
@@ -132,6 +139,49 @@ def optimize_command(
     ),
     rpc_key: str | None = typer.Option(None, "--rpc-key", help="Device key on the RPC tracker."),
     seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
+    eval_data: Path | None = typer.Option(
+        None,
+        "--eval-data",
+        help="Accuracy samples: .npz with one array per model input (rows along its batch axis, or "
+        "samples stacked on a new first axis); other arrays are labels for --metric. Rows that are "
+        "also --calib-data rows are not used.",
+        metavar="FILE.npz",
+    ),
+    min_cosine: float | None = typer.Option(
+        None,
+        "--min-cosine",
+        help="Worst-sample, worst-slice cosine every embedding or plain float output must keep "
+        "(recipe default 0.99; strict 0.99999).",
+    ),
+    min_top1: float | None = typer.Option(
+        None,
+        "--min-top1",
+        help="Share of rows whose top-1 class a classifier output must keep, near-ties aside "
+        "(recipe default 0.99).",
+    ),
+    accuracy: str | None = typer.Option(
+        None,
+        "--accuracy",
+        help="Thresholds in one spec, e.g. 'cosine>=0.99,top1>=0.99,ctc>=0.99,detection>=0.9,rel<=0.05'; "
+        "also task-cosine>=, abs<=, samples=, top1-tolerance=, detection-score=, detection-iou=; "
+        "rel=off switches one off.",
+        metavar="SPEC",
+    ),
+    task_metric: list[str] = typer.Option(
+        [],
+        "--task-metric",
+        help="Judge output NAME by this metric instead of the one chosen from its shape: "
+        "classifier, embedding, ctc, detection or none (repeatable).",
+        metavar="NAME=METRIC",
+    ),
+    metric: str | None = typer.Option(
+        None,
+        "--metric",
+        help="Your own accuracy check: FUNCTION in FILE.py, called as f(reference, candidate, inputs, "
+        "labels) with lists of per-sample dicts of arrays (labels: --eval-data's other arrays, or None); "
+        "returns (score, passed).",
+        metavar="FILE.py:FUNCTION",
+    ),
     json_out: bool = JsonOption,
 ) -> None:
     """Make a model faster on this machine, stage by stage, keeping only measured, accurate wins."""
@@ -139,6 +189,7 @@ def optimize_command(
     from optimize.pipeline import OptimizeRequest, optimize
 
     pins, ranges = split_shape_args(shape)
+    thresholds = _accuracy_flags(accuracy, min_cosine, min_top1)
 
     request = OptimizeRequest(
         model_path=model,
@@ -168,6 +219,10 @@ def optimize_command(
         },
         disable=list(disable),
         seed=seed,
+        eval_data=eval_data,
+        accuracy=thresholds,
+        task_metrics=_task_metric_flags(task_metric),
+        metric=metric,
     )
     request.validate()
     with _RichProgress(show_rows=not json_out) as progress:
@@ -181,6 +236,42 @@ def optimize_command(
             result.report, result.artifact_dir, result.verdict, result.exit_code, console, err_console
         )
     raise typer.Exit(result.exit_code)
+
+
+def _accuracy_flags(spec: str | None, min_cosine: float | None, min_top1: float | None) -> dict[str, Any]:
+    """--accuracy's spec with --min-cosine and --min-top1 folded in (each threshold set once)."""
+    from optimize.errors import UsageError
+    from optimize.pipeline.request import parse_accuracy_spec
+
+    values = parse_accuracy_spec(spec) if spec else {}
+    for flag, key, value in (
+        ("--min-cosine", "min_cosine", min_cosine),
+        ("--min-top1", "min_top1", min_top1),
+    ):
+        if value is None:
+            continue
+        if key in values:
+            raise UsageError(f"{flag} and --accuracy both set {key}", "give it once")
+        values[key] = value
+    return values
+
+
+def _task_metric_flags(items: list[str]) -> dict[str, str]:
+    from optimize.errors import UsageError
+    from optimize.task_metrics import METRICS
+
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, metric = item.partition("=")
+        name, metric = name.strip(), metric.strip().lower()
+        if not sep or not name or metric not in METRICS:
+            raise UsageError(
+                f"bad --task-metric {item!r}", f"write NAME=METRIC with METRIC one of {', '.join(METRICS)}"
+            )
+        if name in out:
+            raise UsageError(f"--task-metric given twice for {name!r}")
+        out[name] = metric
+    return out
 
 
 class _RichProgress:

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from optimize.accuracy import AccuracyResult, accuracy_json, check
+from optimize.accuracy import FEW_SAMPLES, AccuracyResult, MetricError, UserMetric, accuracy_json, check
 from optimize.bench import Comparison, Measurement
-from optimize.errors import first_line
+from optimize.errors import InputError, UsageError, first_line
 from optimize.pipeline import judge
 from optimize.pipeline.isolation import run_in_child
 from optimize.pipeline.request import (
@@ -43,6 +43,7 @@ from optimize.recipes import Recipe, StageSpec
 from optimize.runtimes.base import Backend
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 from optimize.stats import percentile_ci
+from optimize.task_metrics import MetricChoice
 
 MeasureFn = Callable[..., Any]  # optimize.bench.measure's signature
 CompareFn = Callable[..., Any]  # optimize.bench.compare's signature
@@ -93,6 +94,12 @@ class Pipeline:
         self.started = time.monotonic()
         self._deadline = self.started + request.time_budget_s if request.time_budget_s else None
         self.results: list[dict[str, Any]] = []
+        # Set by _prepare_inputs and _choose_metrics, before any candidate is checked.
+        self.samples: list[dict[str, np.ndarray]] = []
+        self.sample_source = ""
+        self.labels: dict[str, np.ndarray] | None = None
+        self.choices: dict[str, MetricChoice] = {}
+        self.user_metric: UserMetric | None = None
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -125,7 +132,15 @@ class Pipeline:
                 if x
             )
             return AccuracyResult(False, f"the candidate changed the model's inputs ({what})", {})
-        return check(self.reference, self._outputs_of(backend), self.recipe.accuracy)
+        return check(
+            self.reference,
+            self._outputs_of(backend),
+            self.recipe.accuracy,
+            choices=self.choices,
+            user_metric=self.user_metric,
+            inputs=self.samples,
+            labels=self.labels,
+        )
 
     def check_accuracy(self, candidate: Candidate) -> AccuracyResult:
         """The service stages get through ctx.check_accuracy (quantization back-off)."""
@@ -169,25 +184,150 @@ class Pipeline:
         finally:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def _warn(self, text: str) -> None:
+        if text not in self.warnings:
+            self.warnings.append(text)
+
     def _prepare_inputs(self, model_path: Path) -> None:
-        from optimize.inputs import generate_feeds, resolve_inputs
+        """The benchmark feeds and the accuracy samples, with every data file checked against the
+        model before any stage runs. Accuracy samples: --eval-data's rows, else --input-data's,
+        else `samples` generated ones (seeds no calibration sample uses); never calibration rows."""
+        from optimize.inputs import (
+            batch_axes,
+            generated_samples,
+            load_samples,
+            model_input_specs,
+            resolve_inputs,
+        )
 
         self.progress.status("resolving inputs")
+        req, th = self.request, self.recipe.accuracy
         self.input_spec, self.feeds = resolve_inputs(
-            model_path,
-            self.request.shapes,
-            self.request.input_data,
-            seed=self.request.seed,
-            batch=self.request.batch,
+            model_path, req.shapes, req.input_data, seed=req.seed, batch=req.batch, first_rows=True
         )
-        # More samples for the accuracy check, generated with the same meaning and shapes (token
-        # ids inside the vocabulary, masks of ones ...) even when the bench input came from a file.
-        n_extra = max(0, self.recipe.accuracy.samples - 1)
-        samples: list[dict[str, np.ndarray]] = [dict(self.feeds)]
-        if n_extra:
-            gen_spec, _ = resolve_inputs(model_path, self.input_spec.shapes(), None, seed=self.request.seed)
-            samples += [generate_feeds(gen_spec, self.request.seed + 1 + i) for i in range(n_extra)]
+        specs = model_input_specs(model_path)
+        self.input_axes = batch_axes(specs)
+        samples: list[dict[str, np.ndarray]] = []
+        for flag, path in (("--eval-data", req.eval_data), ("--input-data", req.input_data)):
+            if path is None:
+                continue
+            data = load_samples(
+                path, specs, self.feeds, flag, self.input_axes, labels_allowed=flag == "--eval-data"
+            )
+            for warning in data.warnings:
+                if warning not in self.input_spec.warnings:
+                    self._warn(warning)
+            samples, self.labels = data.samples, (data.labels or None)
+            self.sample_source = f"{flag} {Path(path).name}"
+            break
+        else:
+            gen_spec, _ = resolve_inputs(model_path, self.input_spec.shapes(), None, seed=req.seed)
+            samples = generated_samples(gen_spec, req.seed, th.samples)
+            self.sample_source = f"generated (seed {req.seed}, {th.samples} samples)"
+        samples = self._without_calibration_rows(model_path, specs, samples)
+        if len(samples) < FEW_SAMPLES:
+            self._warn(
+                f"accuracy is judged on {len(samples)} samples ({self.sample_source}), fewer than "
+                f"{FEW_SAMPLES}: a rare failure can pass unseen; give more rows with --eval-data"
+            )
         self.samples = samples
+
+    def _without_calibration_rows(
+        self, model_path: Path, specs: list[Any], samples: list[dict[str, np.ndarray]]
+    ) -> list[dict[str, np.ndarray]]:
+        """Check --calib-data against the model now (the quantize stage reads it late), say when
+        it goes unused, and drop accuracy samples that share a row with it: judged on its own
+        calibration data, a quantized model looks better than it is."""
+        from optimize.inputs import load_samples, row_keys
+
+        calib = self.request.calib_data
+        if calib is None:
+            return samples
+        data = load_samples(calib, specs, self.feeds, "--calib-data", self.input_axes, labels_allowed=True)
+        for warning in data.warnings:
+            self._warn(warning)
+        if data.labels:
+            self._warn(f"--calib-data arrays {', '.join(sorted(data.labels))} are not model inputs: ignored")
+        unused = self._calibration_unused_reason(model_path)
+        quant = self.recipe.stage("quantize")
+        if unused:
+            self._warn(f"--calib-data is not used: {unused}")
+        elif data.restacked and quant is not None:
+            # The quantize stage reads samples on axis 0 at the pinned shape: give it them so.
+            conformed = self.workdir / "calib-data.npz"
+            np.savez(conformed, **{s.name: np.stack([x[s.name] for x in data.samples]) for s in specs})
+            quant.options["calib_data"] = str(conformed)
+            self._log(
+                f"--calib-data: {len(data.samples)} samples restacked at the pinned shapes for quantize"
+            )
+        calib_rows: set[bytes] = set()
+        for sample in data.samples:
+            calib_rows |= row_keys(sample, self.input_axes)
+        kept = [s for s in samples if not row_keys(s, self.input_axes) & calib_rows]
+        if len(kept) < len(samples):
+            if not kept:
+                raise InputError(
+                    f"every accuracy sample ({self.sample_source}) is also a --calib-data row",
+                    "judge accuracy on rows the model was not calibrated on: give --eval-data",
+                )
+            self._warn(
+                f"{len(samples) - len(kept)} of {len(samples)} accuracy samples ({self.sample_source}) are "
+                "--calib-data rows too and are not used to judge accuracy"
+            )
+        return kept
+
+    def _calibration_unused_reason(self, model_path: Path) -> str:
+        """Why the quantize stage will not read --calib-data ("" when it will)."""
+        quant = self.recipe.stage("quantize")
+        if quant is None:
+            return f"recipe {self.recipe.name} has no quantize stage"
+        if not quant.enabled:
+            if self.request.quantize == "never":
+                return "the quantize stage is off (--quantize never)"
+            return f"the quantize stage is off in recipe {self.recipe.name} (--quantize always turns it on)"
+        mode = str(quant.options.get("mode", "auto")).lower()
+        why = f"mode {mode} from the recipe"
+        if mode == "auto":
+            from optimize.onnx_file import load_model
+            from optimize.runtimes.onnxruntime.quantize import choose_mode
+
+            mode, why = choose_mode(load_model(model_path, load_external_data=False), "auto")
+        if mode == "dynamic":
+            return f"quantize runs dynamic int8 ({why}), which computes activation ranges at run time"
+        return ""
+
+    def _choose_metrics(self, base_backend: Backend) -> None:
+        """Each output's task metric (the recipe's / --task-metric's overrides win), and the user's
+        metric checked on the original model against itself before any stage runs."""
+        from optimize.accuracy import choose_metrics, compare_outputs
+        from optimize.inputs import output_batch_axes
+
+        axes = output_batch_axes(
+            base_backend.outputs, base_backend.inputs, self.reference[0], self.input_spec.batch_size
+        )
+        self.choices = choose_metrics(self.reference, self.recipe.accuracy.task_metrics, axes)
+        for name, choice in self.choices.items():
+            if choice.metric != "detection":
+                continue
+            # A detector fed noise detects nothing, and then agrees with anything: say so.
+            refs = [{name: r[name]} for r in self.reference]
+            per, _ = compare_outputs(refs, refs, thresholds=self.recipe.accuracy, choices={name: choice})
+            if not per.get(name, {}).get("detections", {}).get("reference"):
+                self._warn(
+                    f"output {name!r} is judged as a detection head, but the original model detects "
+                    f"nothing above score {self.recipe.accuracy.detection_score} on the accuracy samples "
+                    f"({self.sample_source}): the detection metric cannot tell; give real images "
+                    "with --eval-data"
+                )
+        self.user_metric = self.request.user_metric()
+        if self.user_metric is not None:
+            score, passed = self.user_metric(self.reference, self.reference, self.samples, self.labels)
+            if not passed:
+                raise UsageError(
+                    f"--metric {self.user_metric.spec} fails the original model's own outputs "
+                    f"(score {score:.6g})",
+                    "it must pass when the candidate's outputs equal the reference's",
+                )
 
     def _run(self, model_path: Path) -> PipelineResult:
         self._prepare_inputs(model_path)
@@ -202,9 +342,15 @@ class Pipeline:
             base_backend.check_feeds(self.feeds)
             self.baseline_inputs = base_backend.inputs
             self.outputs_spec = [o.to_json() for o in base_backend.outputs]
-            self.progress.status("baseline: reference outputs")
+            self.progress.status(f"baseline: reference outputs on {len(self.samples)} samples")
             self.reference = self._outputs_of(base_backend)
-            repeat = check(self.reference[0], base_backend.run(self.samples[0]), self.recipe.accuracy)
+            self._choose_metrics(base_backend)
+            repeat = check(
+                self.reference[0],
+                base_backend.run(self.samples[0]),
+                self.recipe.accuracy,
+                choices=self.choices,
+            )
             if not repeat.ok:
                 self.warnings.append(
                     f"the original model is not deterministic on the same input ({repeat.reason}); "
@@ -342,7 +488,7 @@ class Pipeline:
                 cand.extra_files = [workdir / Path(f) for f in cand.extra_files]
         except StageSkipped as exc:
             return [], StageRecord(spec.name, spec.name, "skipped", str(exc) or "does not apply")
-        except (KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit, MetricError):
             raise
         except MemoryError:
             return [], StageRecord(spec.name, spec.name, "failed", "ran out of memory")
@@ -381,7 +527,7 @@ class Pipeline:
         try:
             self.progress.status(f"{cand.label}: checking accuracy on {len(self.samples)} samples")
             accuracy = self._check_backend(backend)
-        except (KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit, MetricError):  # the user's --metric broke: a usage error
             backend.close()
             raise
         except Exception as exc:
@@ -526,11 +672,18 @@ class Pipeline:
         value, lo_v, hi_v = percentile_ci(best_meas.samples_ms, self.metric)
         verdict, exit_code, met = judge.target_verdict(value, self.request.target_ms, self.metric)
 
-        accuracy = (
-            accuracy_json(best_accuracy)
-            if best is not baseline
-            else accuracy_json(check(self.reference, self.reference, self.recipe.accuracy))
-        )
+        if best is baseline:
+            best_accuracy = check(
+                self.reference, self.reference, self.recipe.accuracy, choices=self.choices,
+                user_metric=self.user_metric, inputs=self.samples, labels=self.labels,
+            )  # fmt: skip
+        # The thresholds and metrics go with the figures into the report and the manifest.
+        accuracy = {
+            **accuracy_json(best_accuracy),
+            "thresholds": self.recipe.accuracy.to_json(),
+            "metrics": {name: choice.to_json() for name, choice in self.choices.items()},
+            "sample_source": self.sample_source,
+        }
         figures = FinalFigures(
             best=best,
             accuracy=accuracy,

@@ -7,15 +7,19 @@ named or detected one with the command line's --enable/--disable/--quantize fold
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optimize.errors import UsageError
 from optimize.files import check_output_dir, check_output_file
-from optimize.recipes import Recipe, StageSpec
+from optimize.recipes import OPTIONAL_THRESHOLDS, Recipe, StageSpec
+
+if TYPE_CHECKING:
+    from optimize.accuracy import UserMetric
 
 PERCENTILES = ("p50", "p90", "p95", "p99")
 QUANTIZE_MODES = ("auto", "always", "never")
@@ -46,6 +50,13 @@ class OptimizeRequest:
     enable: list[str] = field(default_factory=list)
     disable: list[str] = field(default_factory=list)
     seed: int = 0
+    # Accuracy samples from a file (its arrays that are not model inputs are labels for `metric`).
+    eval_data: Path | None = None
+    # Thresholds over the recipe's: an --accuracy spec string ("cosine>=0.99,top1>=0.99") or a
+    # dict of Thresholds fields (--min-cosine, --min-top1 land here).
+    accuracy: str | dict[str, Any] = field(default_factory=dict)
+    task_metrics: dict[str, str] = field(default_factory=dict)  # output -> metric (--task-metric)
+    metric: str | None = None  # --metric FILE.py:FUNCTION
 
     def validate(self) -> None:
         if self.target_ms is not None and not (self.target_ms > 0 and math.isfinite(self.target_ms)):
@@ -63,13 +74,96 @@ class OptimizeRequest:
             raise UsageError("--batch must be at least 1")
         if self.calib_data is not None and not Path(self.calib_data).is_file():
             raise UsageError(f"--calib-data file not found: {self.calib_data}")
+        if self.eval_data is not None:
+            self.eval_data = Path(self.eval_data)
+            if not self.eval_data.is_file():
+                raise UsageError(f"--eval-data file not found: {self.eval_data}")
+        overrides = self.accuracy_overrides()
+        if overrides:
+            from optimize.recipes import Thresholds, parse_thresholds
+
+            parse_thresholds(overrides, "--accuracy ", base=Thresholds())  # ranges, before any work
+        if self.metric is not None:
+            self.user_metric()
         if self.stop_at_target and self.target_ms is None:
             raise UsageError("--stop-at-target needs --target-ms")
         if self.out_dir is not None:
             # Before any work: a run that ends by refusing to write its artifact wastes the user's time.
-            inputs = [self.model_path, self.calib_data, self.input_data]
+            inputs = [self.model_path, self.calib_data, self.input_data, self.eval_data]
             check_output_dir(self.out_dir, inputs=inputs, force=self.force)
             check_output_file(partial_report_path(Path(self.out_dir)), flag="-o")
+
+    def accuracy_overrides(self) -> dict[str, Any]:
+        """The Thresholds fields the request sets (checked; ranges are checked with the recipe's)."""
+        values = parse_accuracy_spec(self.accuracy) if isinstance(self.accuracy, str) else dict(self.accuracy)
+        if self.task_metrics:
+            values["task_metrics"] = dict(self.task_metrics)
+        return values
+
+    def user_metric(self) -> UserMetric | None:
+        """--metric loaded once (its file runs once), or None."""
+        if self.metric is None:
+            return None
+        cached = self.__dict__.get("_user_metric")  # (spec, loaded): not a dataclass field
+        if cached is None or cached[0] != self.metric:
+            from optimize.accuracy import load_user_metric
+
+            cached = (self.metric, load_user_metric(self.metric))
+            self.__dict__["_user_metric"] = cached
+        return cached[1]
+
+
+# `--accuracy` keys: (Thresholds field, the comparison it takes, integer).
+ACCURACY_SPEC_KEYS: dict[str, tuple[str, str, bool]] = {
+    "cosine": ("min_cosine", ">=", False),
+    "task-cosine": ("min_task_cosine", ">=", False),
+    "top1": ("min_top1", ">=", False),
+    "top1-tolerance": ("top1_tolerance", "=", False),
+    "ctc": ("min_ctc", ">=", False),
+    "detection": ("min_detection", ">=", False),
+    "detection-score": ("detection_score", "=", False),
+    "detection-iou": ("detection_iou", "=", False),
+    "rel": ("max_rel", "<=", False),
+    "abs": ("max_abs", "<=", False),
+    "samples": ("samples", "=", True),
+}
+_SPEC_ITEM = re.compile(r"^\s*([a-z0-9_-]+)\s*(>=|<=|=)\s*([^\s,]+)\s*$")
+
+
+def parse_accuracy_spec(text: str) -> dict[str, Any]:
+    """`--accuracy "cosine>=0.99,top1>=0.99,rel=off"` as Thresholds fields.
+
+    Items are KEY>=X for minimums, KEY<=X for maxima, KEY=X for settings; `off` switches an
+    optional threshold off (rel, abs, top1, ctc, detection).
+    """
+    values: dict[str, Any] = {}
+    hint = "e.g. --accuracy 'cosine>=0.99,top1>=0.99'; keys: " + ", ".join(ACCURACY_SPEC_KEYS)
+    for item in (part for part in text.split(",") if part.strip()):
+        match = _SPEC_ITEM.match(item.lower().replace("_", "-"))
+        if not match:
+            raise UsageError(f"bad --accuracy item {item.strip()!r}", hint)
+        key, op, raw = match.groups()
+        if key not in ACCURACY_SPEC_KEYS:
+            raise UsageError(f"--accuracy: unknown key {key!r}", hint)
+        name, want, integer = ACCURACY_SPEC_KEYS[key]
+        if op != want and not (want == "=" and integer and op == ">=") and not (raw == "off" and op == "="):
+            raise UsageError(f"--accuracy: {key} takes {want}, e.g. {key}{want}{'32' if integer else '0.99'}")
+        if name in values:
+            raise UsageError(f"--accuracy: {key} given twice")
+        if raw == "off":
+            if name not in OPTIONAL_THRESHOLDS:
+                raise UsageError(f"--accuracy: {key} cannot be off")
+            values[name] = None
+            continue
+        try:
+            values[name] = int(raw) if integer else float(raw)
+        except ValueError:
+            raise UsageError(
+                f"--accuracy: {key} needs {'a whole' if integer else 'a'} number, got {raw!r}"
+            ) from None
+        if not integer and not math.isfinite(values[name]):
+            raise UsageError(f"--accuracy: {key} needs a finite number, got {raw!r}")
+    return values
 
 
 def default_out_dir(model_path: Path) -> Path:
@@ -128,6 +222,13 @@ def apply_overrides(recipe: Recipe, request: OptimizeRequest) -> list[str]:
             quant.run_when = "always"
         if request.calib_data is not None:
             quant.options["calib_data"] = str(Path(request.calib_data).absolute())
+    overrides = request.accuracy_overrides()
+    if overrides:
+        from optimize.recipes import parse_thresholds
+
+        recipe.accuracy = parse_thresholds(overrides, "--accuracy ", base=recipe.accuracy)
+        shown = ", ".join(f"{k}={v}" for k, v in overrides.items())
+        notes.append(f"accuracy thresholds from the command line: {shown}")
     if request.calib_data is not None:
         from optimize.inputs import check_data_file
 

@@ -11,6 +11,10 @@ def _fmt_ms(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, (int, float)) else "–"
 
 
+def _num(value: Any, fmt: str) -> str:
+    return format(value, fmt) if isinstance(value, (int, float)) else str(value)
+
+
 def accuracy_cell(acc: Mapping[str, Any] | None) -> str:
     if not acc:
         return "–"
@@ -21,8 +25,9 @@ def accuracy_cell(acc: Mapping[str, Any] | None) -> str:
         return "–"
     parts = []
     if "cosine" in worst:
-        cos = worst["cosine"]
-        parts.append(f"cos {cos:.6f}" if isinstance(cos, float) else f"cos {cos}")
+        parts.append(f"cos {_num(worst['cosine'], '.6f')}")
+    if "slice_cosine" in worst and worst["slice_cosine"] != worst.get("cosine"):
+        parts.append(f"slice cos {_num(worst['slice_cosine'], '.6f')}")
     if "top1_agreement" in worst:
         strict, tolerant = (
             worst["top1_agreement"],
@@ -33,10 +38,43 @@ def accuracy_cell(acc: Mapping[str, Any] | None) -> str:
             if tolerant == strict
             else f"top1 {tolerant:.2f} outside near-ties ({strict:.2f} strict)"
         )
+    if "decode_agreement" in worst:
+        parts.append(f"ctc decode {worst['decode_agreement']:.2f}")
+    if "detection_agreement" in worst:
+        parts.append(f"detections {worst['detection_agreement']:.2f}")
     if "max_abs" in worst:
-        mab = worst["max_abs"]
-        parts.append(f"abs {mab:.2g}" if isinstance(mab, float) else f"abs {mab}")
+        parts.append(f"abs {_num(worst['max_abs'], '.2g')}")
+    user = acc.get("user_metric")
+    if user:
+        parts.append(f"{user['name']} {_num(user['score'], '.4g')} ({'pass' if user['ok'] else 'fail'})")
     return ", ".join(parts)
+
+
+def accuracy_lines(acc: Mapping[str, Any]) -> list[str]:
+    """Markdown bullets: the thresholds, and each output's metric with why it was chosen."""
+    lines: list[str] = []
+    th = acc.get("thresholds") or {}
+    if th:
+        shown = [f"cosine >= {th.get('min_cosine')} (embeddings, other floats; whole and per slice)",
+                 f"task-judged outputs' cosine >= {th.get('min_task_cosine')}"]  # fmt: skip
+        for key, label in (("min_top1", "top-1 agreement"), ("min_ctc", "CTC decode equal"),
+                           ("min_detection", "detection agreement")):  # fmt: skip
+            if th.get(key) is not None:
+                shown.append(f"{label} >= {th[key]}")
+        for key, label in (("max_rel", "max rel error"), ("max_abs", "max abs error")):
+            if th.get(key) is not None:
+                shown.append(f"{label} <= {th[key]}")
+        lines.append("- accuracy thresholds: " + "; ".join(shown))
+    per_output = acc.get("per_output") or {}
+    for name, choice in (acc.get("metrics") or {}).items():
+        fig = per_output.get(name, {})
+        source = " (set by the user)" if choice.get("source") == "override" else ""
+        figures = ""
+        sl = fig.get("slice")
+        if isinstance(sl, Mapping):
+            figures = f"; worst slice: {sl['index']} of axis {sl['axis']}, cos {_num(sl['value'], '.6f')}"
+        lines.append(f"  - `{name}`: {choice.get('metric')}{source}: {choice.get('why')}{figures}")
+    return lines
 
 
 def table_rows(section: Mapping[str, Any]) -> list[list[str]]:
@@ -97,7 +135,13 @@ def render_markdown_section(section: Mapping[str, Any]) -> str:
         )
         acc = section.get("accuracy") or {}
         samples = section.get("accuracy_samples")
-        lines.append(f"- accuracy of the artifact on {samples} input samples: {accuracy_cell(acc)}")
+        source = acc.get("sample_source")
+        lines.append(
+            f"- accuracy of the artifact on {samples} input samples"
+            + (f" ({source})" if source else "")
+            + f": {accuracy_cell(acc)}"
+        )
+        lines += accuracy_lines(acc)
         if section.get("external_data"):
             lines.append("- the model stores its weights as external data; the artifact carries them")
     lines += ["", "| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]

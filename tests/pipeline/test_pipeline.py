@@ -18,7 +18,6 @@ import numpy as np
 import onnx
 import pytest
 
-from optimize.accuracy import check, compare_outputs
 from optimize.artifact import load_artifact
 from optimize.bench import Comparison, Measurement
 from optimize.errors import UsageError
@@ -31,7 +30,6 @@ from optimize.pipeline import (
     parse_duration,
     partial_report_path,
 )
-from optimize.recipes import Thresholds
 from optimize.report import load_report
 from optimize.runtimes import STAGES, load_stage
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
@@ -528,51 +526,6 @@ def test_missing_stage_module_or_dependency_is_a_skip(
         load_stage("needs-dep")
     with pytest.raises(UsageError, match="unknown stage"):
         load_stage("never-registered")
-
-
-# --- accuracy ----------------------------------------------------------------------------------
-
-
-def test_accuracy_figures_and_worst_case_over_samples() -> None:
-    rng = np.random.default_rng(0)
-    ref = [{"logits": rng.standard_normal((4, 10)).astype(np.float32)} for _ in range(3)]
-    same = check(ref, [dict(r) for r in ref], Thresholds())
-    assert same.ok and same.per_output["logits"]["cosine"] == pytest.approx(1.0)
-    assert same.per_output["logits"]["top1_agreement"] == 1.0
-    noisy = [{"logits": r["logits"] + 0.5} for r in ref[:2]] + [{"logits": -ref[2]["logits"]}]
-    per, problems = compare_outputs(ref, noisy)
-    assert not problems
-    assert per["logits"]["cosine"] < 0  # the worst sample (negated) decides
-    assert per["logits"]["max_abs"] == pytest.approx(float(np.abs(2 * ref[2]["logits"]).max()))
-    assert not check(ref, noisy, Thresholds()).ok
-
-
-def test_accuracy_structural_and_integer_problems() -> None:
-    ref = {"y": np.ones((2, 3), np.float32), "ids": np.arange(4)}
-    assert (
-        "has shape [3, 2]"
-        in check(ref, {"y": np.ones((3, 2), np.float32), "ids": np.arange(4)}, Thresholds()).reason
-    )
-    assert "is missing" in check(ref, {"y": ref["y"]}, Thresholds()).reason
-    assert "differs in 1 integer elements" in check(ref, {"y": ref["y"], "ids": np.array([0, 1, 2, 4])},
-                                                     Thresholds()).reason  # fmt: skip
-    nan = ref["y"].copy()
-    nan[0, 0] = np.nan
-    assert "NaN/inf" in check(ref, {"y": nan, "ids": ref["ids"]}, Thresholds()).reason
-
-
-def test_top1_counts_real_flips_and_near_ties_separately() -> None:
-    ref = np.array([[5.0, 4.999, 0.0], [5.0, 1.0, 0.0]], dtype=np.float32)
-    tie_flip = np.array([[4.999, 5.0, 0.0], [5.0, 1.0, 0.0]], dtype=np.float32)
-    real_flip = np.array([[5.0, 4.999, 0.0], [1.0, 5.0, 0.0]], dtype=np.float32)
-    loose = Thresholds(min_cosine=0.0, max_rel=None, min_top1=1.0, top1_tolerance=0.01)
-    strict = Thresholds(min_cosine=0.0, max_rel=None, min_top1=1.0, top1_tolerance=0.0)
-    result = check({"p": ref}, {"p": tie_flip}, loose)
-    assert result.ok and result.per_output["p"]["top1_agreement"] == 0.5
-    assert result.per_output["p"]["top1_agreement_tolerant"] == 1.0
-    assert not check({"p": ref}, {"p": tie_flip}, strict).ok
-    flipped = check({"p": ref}, {"p": real_flip}, loose)
-    assert not flipped.ok and "top-1 agreement outside near-ties 0.500 < 1.0" in flipped.reason
 
 
 def test_parse_duration() -> None:

@@ -93,7 +93,7 @@ def _split_samples(name: str, array: np.ndarray, like: np.ndarray) -> list[np.nd
     if array.dtype != like.dtype:
         raise InputError(f"calibration array {name!r} is {array.dtype}, the model input is {like.dtype}")
     if array.ndim == like.ndim + 1 and array.shape[1:] == like.shape:
-        return [np.ascontiguousarray(a) for a in array]
+        return [np.require(a, requirements="C") for a in array]  # a scalar input stays 0-d
     if array.ndim == like.ndim and array.shape[1:] == like.shape[1:] and like.ndim > 0:
         batch = like.shape[0]
         if array.shape[0] % batch == 0:

