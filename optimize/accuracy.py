@@ -127,6 +127,21 @@ def output_figures(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
     return {"cosine": _cosine(r, g), "max_abs": max_abs, "max_rel": max_rel}
 
 
+def _worst_slices(
+    cos: np.ndarray, diff: np.ndarray, ref_peak: np.ndarray, floor: float
+) -> tuple[tuple[float, int, float], tuple[int, float], int] | None:
+    """Among the slices whose reference peak is above `floor` (negligible ones are judged in the
+    whole output only): (lowest cosine, its index, its max_rel), (index and value of the highest
+    max_rel), and how many slices counted. None when no slice counts."""
+    live = ref_peak > floor
+    if not np.any(live):
+        return None
+    cos = np.where(live, cos, np.inf)
+    rel = np.where(live, diff / np.where(ref_peak > 0, ref_peak, 1.0), -np.inf)
+    i, j = int(np.argmin(cos)), int(np.argmax(rel))
+    return (float(cos[i]), i, float(rel[i])), (j, float(rel[j])), int(np.count_nonzero(live))
+
+
 def slice_figures(
     refs: Sequence[np.ndarray], gots: Sequence[np.ndarray], batch_axis: int | None
 ) -> dict[str, Any] | None:
@@ -163,41 +178,24 @@ def slice_figures(
                 peak_ref, peak_diff = np.maximum(peak_ref, mref), np.maximum(peak_diff, mdiff)
                 scale = max(scale, float(mref.max()))
                 continue
-            live = mref > NEGLIGIBLE_SLICE * float(mref.max())
-            if not np.any(live):
-                continue
-            cos = np.where(live, cosines(dot, rr, gg), np.inf)
-            rel = np.where(live, mdiff / np.where(mref > 0, mref, 1.0), -np.inf)
-            i, j = int(np.argmin(cos)), int(np.argmax(rel))
-            per_sample.append((float(cos[i]), i, s, float(rel[i])))
-            if worst_rel is None or rel[j] > worst_rel["value"]:
-                worst_rel = {
-                    "axis": axis,
-                    "index": j,
-                    "length": length,
-                    "value": float(rel[j]),
-                    "sample": s,
-                    "pooled": False,
-                }
-            checked += int(np.count_nonzero(live))
+            found = _worst_slices(cosines(dot, rr, gg), mdiff, mref, NEGLIGIBLE_SLICE * float(mref.max()))
+            if found is not None:
+                (cos_value, i, rel_i), (j, rel_j), live = found
+                per_sample.append((cos_value, i, s, rel_i))
+                if worst_rel is None or rel_j > worst_rel["value"]:
+                    worst_rel = {"axis": axis, "index": j, "length": length, "value": rel_j,
+                                 "sample": s, "pooled": False}  # fmt: skip
+                checked += live
         if pooled:
-            live = peak_ref > NEGLIGIBLE_SLICE * scale
-            if not np.any(live):
+            found = _worst_slices(cosines(*sums), peak_diff, peak_ref, NEGLIGIBLE_SLICE * scale)
+            if found is None:
                 continue
-            cos = np.where(live, cosines(*sums), np.inf)
-            rel = np.where(live, peak_diff / np.where(peak_ref > 0, peak_ref, 1.0), -np.inf)
-            i, j = int(np.argmin(cos)), int(np.argmax(rel))
-            per_sample.append((float(cos[i]), i, -1, float(rel[i])))
-            if worst_rel is None or rel[j] > worst_rel["value"]:
-                worst_rel = {
-                    "axis": axis,
-                    "index": j,
-                    "length": length,
-                    "value": float(rel[j]),
-                    "sample": None,
-                    "pooled": True,
-                }
-            checked += int(np.count_nonzero(live))
+            (cos_value, i, rel_i), (j, rel_j), live = found
+            per_sample.append((cos_value, i, -1, rel_i))
+            if worst_rel is None or rel_j > worst_rel["value"]:
+                worst_rel = {"axis": axis, "index": j, "length": length, "value": rel_j,
+                             "sample": None, "pooled": True}  # fmt: skip
+            checked += live
         for cos_value, index, sample, _ in per_sample:
             if worst_cos is None or cos_value < worst_cos["value"]:
                 worst_cos = {
