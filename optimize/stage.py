@@ -9,8 +9,8 @@ it. That way every number in a report was produced by one piece of code.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -41,6 +41,16 @@ class StageContext:
     log: Callable[[str], None]
     # A live one-line status for long work (tuning progress); replaces the previous line.
     status: Callable[[str], None] | None = None
+    # What the pipeline decided about each candidate this stage yielded so far, by label:
+    # "kept", "slower" (accurate, not faster than the best), "inaccurate" or "failed". A stage
+    # that yields candidates one at a time (a search) reads it to prune what cannot win.
+    outcomes: dict[str, str] = field(default_factory=dict)
+    # Records a point of a search that was not tried, and why, as a row of the report.
+    note_skipped: Callable[[str, str, dict[str, Any]], None] | None = None
+
+    def skip_point(self, label: str, reason: str, details: dict[str, Any] | None = None) -> None:
+        if self.note_skipped is not None:
+            self.note_skipped(label, reason, details or {})
 
 
 class StageSkipped(Exception):
@@ -60,8 +70,13 @@ class Stage(ABC):
         return None
 
     @abstractmethod
-    def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
-        """Produce candidates derived from `candidate`, written under ctx.workdir."""
+    def run(self, candidate: Candidate, ctx: StageContext) -> Iterable[Candidate]:
+        """Produce candidates derived from `candidate`, written under ctx.workdir.
+
+        A list, or a generator: the pipeline then checks and times each candidate as it is
+        yielded, updates ctx.outcomes and ctx.best_latency_ms before asking for the next, and
+        stops asking once the target is met or the budget is spent.
+        """
 
 
 class OnnxRuntimeStage(Stage):

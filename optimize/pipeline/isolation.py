@@ -64,7 +64,7 @@ def _child_main(
     )
     os.chdir(ctx.workdir)
     try:
-        send("result", stage.run(candidate, ctx))
+        send("result", list(stage.run(candidate, ctx)))
     except StageSkipped as exc:
         send("skipped", str(exc))
     except BaseException as exc:  # everything crosses as text: the parent decides what it means
@@ -106,7 +106,7 @@ def run_in_child(stage: Stage, candidate: Candidate, ctx: StageContext) -> list[
     mp = multiprocessing.get_context("spawn")
     receiver, sender = mp.Pipe(duplex=False)
     budget_s = None if ctx.deadline is None else max(0.0, ctx.deadline - time.monotonic())
-    bare_ctx = replace(ctx, check_accuracy=_no_accuracy, log=_drop, status=None)
+    bare_ctx = replace(ctx, check_accuracy=_no_accuracy, log=_drop, status=None, note_skipped=None)
     process = mp.Process(
         target=_child_main, args=(stage, candidate, bare_ctx, budget_s, sender), name=f"lto-{stage.name}"
     )

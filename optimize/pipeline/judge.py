@@ -51,8 +51,26 @@ def pre_skip_reason(
     target = request.target_ms
     if spec.run_when == "above-target" and target is not None and best_latency_ms <= target:
         metric = request.target_percentile
-        return f"the best {metric} ({best_latency_ms:.3f} ms) already meets the {target:g} ms target"
+        return (
+            f"the best {metric} ({best_latency_ms:.3f} ms, measured alone) already meets the "
+            f"{target:g} ms target"
+        )
     return ""
+
+
+def outcome_of(record: StageRecord) -> str:
+    """What a searching stage learns about one of its candidates (StageContext.outcomes)."""
+    if record.status == "kept":
+        return "kept"
+    if record.status == "rejected":
+        return "inaccurate" if record.reason.startswith("inaccurate") else "slower"
+    return "failed"
+
+
+def search_done(spec: StageSpec, target_ms: float | None, best_ms: float) -> bool:
+    """Whether a stage that runs only above the target should stop asking for candidates: the
+    best, measured alone, now meets it (the same figure the final verdict reads)."""
+    return spec.run_when == "above-target" and target_ms is not None and best_ms <= target_ms
 
 
 def judge_candidate(
@@ -67,8 +85,12 @@ def judge_candidate(
     """Keep when faster by the recipe's minimum and with 95% confidence; say why not otherwise."""
     ratio = float(comparison.ratio)
     lo, hi = (float(x) for x in comparison.ratio_ci95)
-    lat = comparison.b.latency
+    lat, ref = comparison.b.latency, comparison.a.latency
     record.latency_ms = {"p50": lat["p50"], "p99": lat["p99"], metric: lat[metric]}
+    record.versus = {
+        "label": best_label,
+        "latency_ms": {"p50": ref["p50"], "p99": ref["p99"], metric: ref[metric]},
+    }
     record.ratio, record.ratio_ci95 = ratio, (lo, hi)
     record.speedup = best_speedup / ratio if ratio > 0 else None
     figures = f"{metric} ratio {ratio:.3f}, CI {lo:.3f}–{hi:.3f}"
@@ -109,7 +131,9 @@ __all__ = [
     "EXIT_USAGE",
     "judge_candidate",
     "original_wins_final",
+    "outcome_of",
     "pre_skip_reason",
+    "search_done",
     "target_met",
     "target_verdict",
 ]

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -378,58 +378,101 @@ class Pipeline:
         )
         self._add(base_record)
 
-        best, best_meas, best_speedup = baseline, base_meas, 1.0
+        best, best_speedup = baseline, 1.0
+        # Target decisions (skipping a stage, stopping a search, --stop-at-target, the final verdict)
+        # all read one figure: the best candidate measured alone, as the user's process runs it.
+        # Interleaved comparisons inflate both sides' absolute latency on few cores.
+        self.best_alone = base_meas
         best_standard = baseline
         best_accuracy: AccuracyResult = AccuracyResult(True, "", {})
         kept_chain: list[dict[str, Any]] = []
         best_backend = self._open(best)
         stop_reason = ""
-        if self.request.stop_at_target and self._target_met(base_meas, confident=True):
+        if self.request.stop_at_target and self._target_met(self.best_alone, confident=True):
             stop_reason = "the baseline already meets the target (--stop-at-target)"
         try:
             for spec in self.recipe.stages:
                 t_stage = time.monotonic()
-                reason = self._pre_skip_reason(spec, stop_reason, best_meas)
+                reason = self._pre_skip_reason(spec, stop_reason)
                 if reason:
-                    self._add(StageRecord(spec.name, spec.name, "skipped", reason))
+                    basis = self._skip_basis(best)
+                    self._add(StageRecord(spec.name, spec.name, "skipped", reason, details=basis))
                     continue
-                candidates, failure = self._run_stage(spec, best, best_standard, best_meas)
-                if failure is not None:
-                    failure.elapsed_s = time.monotonic() - t_stage
-                    self._add(failure)
+                opened = self._open_stage(spec, best, best_standard)
+                if isinstance(opened, StageRecord):
+                    opened.elapsed_s = time.monotonic() - t_stage
+                    self._add(opened)
                     continue
-                for cand in candidates:
-                    left = self._time_left()
-                    if left is not None and left <= 0:
-                        reason = "the --time-budget was used up before it could be measured"
-                        self._add(StageRecord(spec.name, cand.label, "skipped", reason, details=cand.details))
-                        continue
-                    outcome = self._evaluate(spec, cand, best, best_backend, best_speedup)
-                    record, cand_backend, comparison, accuracy = outcome
-                    record.elapsed_s = time.monotonic() - t_stage
-                    self._add(record)
-                    if record.status == "kept" and cand_backend is not None and comparison is not None:
-                        best_backend.close()
-                        best, best_backend, best_meas = cand, cand_backend, comparison.b
-                        best_speedup = record.speedup or best_speedup
-                        best_accuracy = accuracy
-                        kept_chain.append({"stage": cand.label, **cand.details})
-                        if cand.standard_ops:
-                            best_standard = cand
-                    else:
-                        if comparison is not None:
-                            best_meas = comparison.a  # the freshest measurement of the best
-                        if cand_backend is not None:
+                stage, ctx = opened
+                items = self._stage_items(spec, stage, best, ctx)
+                produced = 0
+                try:
+                    for item in items:
+                        if isinstance(item, StageRecord):  # a failure, or a search point not tried
+                            item.elapsed_s = time.monotonic() - t_stage
+                            self._add(item)
+                            continue
+                        cand, produced = item, produced + 1
+                        left = self._time_left()
+                        if left is not None and left <= 0:
+                            why = "the --time-budget was used up before it could be measured"
+                            self._add(
+                                StageRecord(spec.name, cand.label, "skipped", why, details=cand.details)
+                            )
+                            break
+                        outcome = self._evaluate(spec, cand, best, best_backend, best_speedup)
+                        record, cand_backend, comparison, accuracy = outcome
+                        record.elapsed_s = time.monotonic() - t_stage
+                        self._add(record)
+                        ctx.outcomes[cand.label] = judge.outcome_of(record)
+                        if record.status == "kept" and cand_backend is not None and comparison is not None:
+                            best_backend.close()
+                            best, best_backend = cand, cand_backend
+                            best_speedup = record.speedup or best_speedup
+                            best_accuracy = accuracy
+                            kept_chain.append({"stage": cand.label, **cand.details})
+                            if cand.standard_ops:
+                                best_standard = cand
+                            self.best_alone = self._measure_alone(best, best_backend)
+                            ctx.best_latency_ms = self._best_ms()
+                        elif cand_backend is not None:
                             cand_backend.close()
+                        if judge.search_done(spec, self.request.target_ms, self._best_ms()):
+                            self._log(
+                                f"{spec.name}: the best {self.metric} ({self._best_ms():.3f} ms, measured "
+                                f"alone) meets the {self.request.target_ms:g} ms target; the stage stops here"
+                            )
+                            break
+                finally:
+                    items.close()  # a generator stage stops here, its cleanup runs
+                if produced == 0 and not any(r.stage == spec.name for r in self.records):
+                    self._add(StageRecord(spec.name, spec.name, "skipped", "the stage produced no candidate"))
                 if (
                     self.request.stop_at_target
                     and not stop_reason
-                    and self._target_met(best_meas, confident=True)
+                    and self._target_met(self.best_alone, confident=True)
                 ):
                     stop_reason = f"target met with 95% confidence after {spec.name} (--stop-at-target)"
         finally:
             best_backend.close()
         return self._finish(baseline, base_meas, best, best_accuracy, kept_chain)
+
+    def _best_ms(self) -> float:
+        return float(self._latency(self.best_alone)[self.metric])
+
+    def _skip_basis(self, best: Candidate) -> dict[str, Any]:
+        """Which candidate a target-based skip was decided on (the final comparison may revert it)."""
+        return {"decided_on": best.label}
+
+    def _measure_alone(self, candidate: Candidate, backend: Backend) -> Measurement:
+        """The new best alone in the process, for the target decisions (see best_alone)."""
+        self.progress.status(f"{candidate.label}: measuring alone, for the target")
+        meas = self.measure_fn(
+            backend, self.feeds, self.settings, candidate.label,
+            progress=self._bench_progress(f"{candidate.label}: alone"),
+        )  # fmt: skip
+        self.results.append({**meas.to_json(), "label": f"{candidate.label} (alone, for the target)"})
+        return meas
 
     def _add(self, record: StageRecord) -> None:
         if record.status == "failed" and self.external_data and "external data" not in record.reason.lower():
@@ -438,70 +481,104 @@ class Pipeline:
         self.records.append(record)
         self.progress.record(record)
 
-    def _pre_skip_reason(self, spec: StageSpec, stop_reason: str, best_meas: Measurement) -> str:
+    def _pre_skip_reason(self, spec: StageSpec, stop_reason: str) -> str:
         return judge.pre_skip_reason(
             spec,
             self.request,
             self.recipe,
             stop_reason=stop_reason,
-            best_latency_ms=self._latency(best_meas)[self.metric],
+            best_latency_ms=self._best_ms(),
             time_left_s=self._time_left(),
         )
 
-    def _run_stage(
-        self, spec: StageSpec, best: Candidate, best_standard: Candidate, best_meas: Measurement
-    ) -> tuple[list[Candidate], StageRecord | None]:
+    def _open_stage(
+        self, spec: StageSpec, best: Candidate, best_standard: Candidate
+    ) -> tuple[Stage, StageContext] | StageRecord:
+        """The stage and its context, or the record of why it does not run."""
         self.progress.status(f"{spec.name}: loading")
         try:
             stage = self.stage_factory(spec.name)
         except StageSkipped as exc:
-            return [], StageRecord(spec.name, spec.name, "skipped", str(exc) or "not available")
+            return StageRecord(spec.name, spec.name, "skipped", str(exc) or "not available")
         workdir = self.workdir / spec.name
         workdir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + spec.budget_s if spec.budget_s else None
         if self._deadline is not None:
             deadline = min(deadline, self._deadline) if deadline is not None else self._deadline
+
+        def note_skipped(label: str, reason: str, details: dict[str, Any]) -> None:
+            self._add(StageRecord(spec.name, label, "skipped", reason, details=details))
+
         ctx = StageContext(
             workdir=workdir,
             original_model=Path(self.request.model_path).absolute(),
             feeds=self.feeds,
             options=dict(spec.options),
             best_standard=best_standard,
-            best_latency_ms=self._latency(best_meas)[self.metric],
+            best_latency_ms=self._best_ms(),
             target_ms=self.request.target_ms,
             deadline=deadline,
             check_accuracy=self.check_accuracy,
             log=lambda text: self._log(f"{spec.name}: {text}"),
             status=lambda text: self.progress.status(f"{spec.name}: {text}"),
+            note_skipped=note_skipped,
         )
         try:
             reason = stage.skip_reason(best, ctx)
-            if reason:
-                return [], StageRecord(spec.name, spec.name, "skipped", reason)
-            self.progress.status(f"{spec.name}: running")
+        except Exception as exc:
+            return self._stage_failure(spec, exc)
+        if reason:
+            return StageRecord(spec.name, spec.name, "skipped", reason)
+        return stage, ctx
+
+    def _stage_items(
+        self, spec: StageSpec, stage: Stage, best: Candidate, ctx: StageContext
+    ) -> Generator[Candidate | StageRecord, None, None]:
+        """The stage's candidates as it yields them, each step run in its scratch directory; an
+        exception ends the stage as one record and keeps what was already yielded."""
+        workdir = ctx.workdir
+        self.progress.status(f"{spec.name}: running")
+        produced: Iterator[Candidate] | None = None
+        try:
             # Some libraries write side files into the current directory (onnxruntime.quantization
             # names external data "<uuid>.data" there): keep them in the stage's scratch space.
             with _working_directory(workdir):
-                candidates = run_in_child(stage, best, ctx) if stage.isolated else stage.run(best, ctx)
-            for cand in candidates:  # a path relative to the stage's directory stays valid outside it
+                if stage.isolated:
+                    produced = iter(run_in_child(stage, best, ctx))
+                else:
+                    produced = iter(stage.run(best, ctx))
+            while True:
+                with _working_directory(workdir):
+                    cand = next(produced, None)
+                if cand is None:
+                    return
+                # A path relative to the stage's directory stays valid outside it.
                 cand.model_path = workdir / cand.model_path
                 cand.extra_files = [workdir / Path(f) for f in cand.extra_files]
+                yield cand
         except StageSkipped as exc:
-            return [], StageRecord(spec.name, spec.name, "skipped", str(exc) or "does not apply")
+            yield StageRecord(spec.name, spec.name, "skipped", str(exc) or "does not apply")
         except (KeyboardInterrupt, SystemExit, MetricError):
             raise
         except MemoryError:
-            return [], StageRecord(spec.name, spec.name, "failed", "ran out of memory")
+            yield StageRecord(spec.name, spec.name, "failed", "ran out of memory")
         except Exception as exc:
-            # A stage bug or an unsupported model must not end the run: record it and go on.
-            tb = traceback.extract_tb(exc.__traceback__)
-            where = f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
-            where = getattr(exc, "where", None) or where  # an isolated stage says where it raised
-            details = {"exception": type(exc).__name__, "where": where}
-            return [], StageRecord(spec.name, spec.name, "failed", first_line(exc), details=details)
-        if not candidates:
-            return [], StageRecord(spec.name, spec.name, "skipped", "the stage produced no candidate")
-        return list(candidates), None
+            yield self._stage_failure(spec, exc)
+        finally:
+            close = getattr(produced, "close", None)
+            if close is not None:
+                with _working_directory(workdir):
+                    close()
+
+    def _stage_failure(self, spec: StageSpec, exc: BaseException) -> StageRecord:
+        """A stage bug or an unsupported model must not end the run: record it and go on."""
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, MetricError)):
+            raise exc
+        tb = traceback.extract_tb(exc.__traceback__)
+        where = f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
+        where = getattr(exc, "where", None) or where  # an isolated stage says where it raised
+        details = {"exception": type(exc).__name__, "where": where}
+        return StageRecord(spec.name, spec.name, "failed", first_line(exc), details=details)
 
     def _evaluate(
         self, spec: StageSpec, cand: Candidate, best: Candidate, best_backend: Backend, best_speedup: float
@@ -620,7 +697,6 @@ class Pipeline:
 
         final: dict[str, Any] | None = None
         if best is baseline:
-            best_meas = base_meas
             speedup, speedup_ci = 1.0, (1.0, 1.0)
         else:
             # The headline number: the artifact against the baseline, interleaved, in this run.
@@ -636,7 +712,6 @@ class Pipeline:
             finally:
                 base_backend.close()
                 best_backend.close()
-            best_meas = comparison.b
             final = comparison.to_json()
             speedup = 1.0 / comparison.ratio
             lo, hi = comparison.ratio_ci95
@@ -650,24 +725,13 @@ class Pipeline:
                     f"(speedup {speedup:.2f}x, CI {speedup_ci[0]:.2f}–{speedup_ci[1]:.2f}); "
                     "the artifact is the original model"
                 )
-                best, best_meas, best_accuracy, kept_chain = baseline, comparison.a, best_accuracy, []
+                self._revert(best.label, speedup, speedup_ci)
+                best, best_accuracy, kept_chain = baseline, best_accuracy, []
                 speedup, speedup_ci = 1.0, (1.0, 1.0)
 
-        if best is not baseline:
-            # The target verdict is about what the user's application gets: the artifact alone in
-            # its process. Interleaved with another session (the comparisons above) the two thread
-            # pools spin against each other on few cores, which inflates both sides' latency; that
-            # cancels in a ratio but not in an absolute number.
-            self.progress.status(f"final: {best.label} alone, for the target verdict")
-            alone = self._open(best)
-            try:
-                best_meas = self.measure_fn(
-                    alone, self.feeds, self.settings, best.label,
-                    progress=self._bench_progress("final, alone"),
-                )  # fmt: skip
-            finally:
-                alone.close()
-            self.results.append({**best_meas.to_json(), "label": f"{best.label} (alone, for the target)"})
+        # The target verdict reads the same figure every target decision of the run read: the
+        # artifact measured alone in the process, when it became the best (see best_alone).
+        best_meas = self.best_alone if best is not baseline else base_meas
 
         value, lo_v, hi_v = percentile_ci(best_meas.samples_ms, self.metric)
         verdict, exit_code, met = judge.target_verdict(value, self.request.target_ms, self.metric)
@@ -723,6 +787,22 @@ class Pipeline:
         )
         partial_report_path(self.out_dir).unlink(missing_ok=True)
         return PipelineResult(report, self.records, best, exit_code, self.out_dir, verdict)
+
+    def _revert(self, best_label: str, speedup: float, speedup_ci: tuple[float, float]) -> None:
+        """The final comparison sent the original back: every kept row says so, in the table and
+        as a streamed line, and so does every skip that was decided on a reverted candidate."""
+        why = (
+            f"reverted: side by side with the original at the end, {best_label} measured "
+            f"{speedup:.2f}x (CI {speedup_ci[0]:.2f}–{speedup_ci[1]:.2f})"
+        )
+        kept = {r.label for r in self.records if r.status == "kept"}
+        for record in self.records:
+            if record.status == "kept":
+                record.status = "reverted"
+                record.reason = f"{why}; it had been kept: {record.reason}"
+                self.progress.record(record)
+            elif record.status == "skipped" and record.details.get("decided_on") in kept:
+                record.reason += f" (decided on {record.details['decided_on']}, which was reverted)"
 
     def _write_partial(self, exc: BaseException) -> None:
         write_partial_report(self, exc)

@@ -29,9 +29,14 @@ class StageRecord:
 
     stage: str
     label: str
-    status: str  # baseline | kept | rejected | skipped | failed
+    # baseline | kept | rejected | skipped | failed | reverted (kept, then sent back by the
+    # final side-by-side comparison with the original)
+    status: str
     reason: str = ""
     latency_ms: dict[str, float] | None = None  # p50, p99 and the target percentile
+    # The side it was measured against, in the same interleaved run: its latency_ms is only
+    # comparable with this one (an interleaved run inflates both sides on few cores).
+    versus: dict[str, Any] | None = None
     ratio: float | None = None  # metric(candidate) / metric(best so far)
     ratio_ci95: tuple[float, float] | None = None
     speedup: float | None = None  # vs baseline (chained, see module docstring)
@@ -49,6 +54,7 @@ class StageRecord:
             "status": self.status,
             "reason": self.reason,
             "latency_ms": self.latency_ms,
+            "versus": self.versus,
             "ratio_vs_best": self.ratio,
             "ratio_ci95": list(self.ratio_ci95) if self.ratio_ci95 else None,
             "speedup_vs_baseline": self.speedup,

@@ -8,6 +8,7 @@ engine on a candidate that does hundreds of times the work, and asserts only the
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from optimize.pipeline import (
     parse_duration,
     partial_report_path,
 )
+from optimize.pipeline.summary import Progress
 from optimize.report import load_report
 from optimize.runtimes import STAGES, load_stage
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
@@ -134,6 +136,16 @@ class FakeBench:
         return Comparison(ma, mb, metric, ratio, (lo, hi), 8)
 
 
+class RecordingProgress(Progress):
+    """The streamed lines a display would print, in order."""
+
+    def __init__(self) -> None:
+        self.records: list[Any] = []
+
+    def record(self, record: Any) -> None:
+        self.records.append(copy.copy(record))
+
+
 def write_recipe(tmp_path: Path, order: list[str], extra: str = "") -> Path:
     path = tmp_path / "test-recipe.toml"
     path.write_text(
@@ -150,6 +162,7 @@ def run_fake(
     speeds: dict[str, float],
     extra_recipe: str = "",
     bench: FakeBench | None = None,
+    progress: Progress | None = None,
     **request_kw: Any,
 ) -> tuple[PipelineResult, FakeBench]:
     model = make_matmul_model(tmp_path / "tiny.onnx")
@@ -164,7 +177,7 @@ def run_fake(
 
     request = OptimizeRequest(model_path=model, recipe=str(recipe), out_dir=tmp_path / "out", **request_kw)
     result = optimize(request, stage_factory=factory, measure_fn=bench.measure, compare_fn=bench.compare,
-                      known_stages=list(stages))  # fmt: skip
+                      known_stages=list(stages), progress=progress)  # fmt: skip
     return result, bench
 
 
@@ -266,8 +279,14 @@ def test_a_win_that_does_not_repeat_is_rejected(tmp_path: Path) -> None:
 def test_final_comparison_loss_ships_the_original(tmp_path: Path) -> None:
     stages: dict[str, Stage] = {"fake-fast": FakeStage(model_candidate("fake-fast", extra_work=1))}
     bench = FakeBench({"baseline": 1.0, "fake-fast": 0.5}, script=[0.5, 0.5, 1.5])
-    result, _ = run_fake(tmp_path, stages, {}, bench=bench)
-    assert by_label(result)["fake-fast"].status == "kept"
+    progress = RecordingProgress()
+    result, _ = run_fake(tmp_path, stages, {}, bench=bench, progress=progress)
+    # Kept when measured, then shown as reverted in the table and as a streamed line.
+    row = by_label(result)["fake-fast"]
+    assert row.status == "reverted"
+    assert row.reason.startswith("reverted: side by side with the original at the end")
+    assert "it had been kept" in row.reason
+    assert [r.status for r in progress.records if r.label == "fake-fast"] == ["kept", "reverted"]
     assert result.best.label == "baseline"
     section = result.report["optimize"]
     assert section["speedup"] == 1.0 and section["final_comparison"]["ratio"] > 1.4
@@ -563,3 +582,102 @@ def test_cli_exit_codes_and_json(tmp_path: Path) -> None:
     assert "Traceback" not in usage.stderr
     assert run_lto("optimize", model, "--target-percentile", "p42").returncode == 2
     assert run_lto("optimize", tmp_path / "missing.onnx").returncode == 2
+
+
+# --- stages that search: candidates one at a time, decisions that agree --------------------------
+
+
+class SearchingStage(Stage):
+    """Yields candidates one by one and writes down what it saw between them."""
+
+    name = "fake-search"
+
+    def __init__(self, labels: list[tuple[str, dict[str, Any]]], fail_after: int | None = None) -> None:
+        self.labels = labels
+        self.fail_after = fail_after
+        self.seen: list[tuple[dict[str, str], float | None]] = []
+        self.closed = False
+
+    def run(self, candidate: Candidate, ctx: StageContext) -> Any:
+        try:
+            for i, (label, model_kw) in enumerate(self.labels):
+                if self.fail_after is not None and i == self.fail_after:
+                    raise RuntimeError("the quantizer crashed")
+                if label.startswith("skip-"):
+                    ctx.skip_point(label, "dominated by an earlier point", {"why": "test"})
+                    continue
+                path = make_matmul_model(ctx.workdir / f"{label}.onnx", **model_kw)
+                yield Candidate(label=label, model_path=path)
+                self.seen.append((dict(ctx.outcomes), ctx.best_latency_ms))
+        finally:
+            self.closed = True
+
+
+def test_a_searching_stage_learns_each_outcome_before_the_next_candidate(tmp_path: Path) -> None:
+    stage = SearchingStage(
+        [("q-bad", {"seed": 7}), ("q-fast", {"extra_work": 1}), ("skip-q", {}), ("q-slow", {"extra_work": 2})]
+    )
+    speeds = {"q-fast": 0.5, "q-slow": 0.9}
+    result, _ = run_fake(tmp_path, {"fake-search": stage}, speeds)
+    rows = by_label(result)
+    assert [o for o, _ in stage.seen] == [
+        {"q-bad": "inaccurate"},
+        {"q-bad": "inaccurate", "q-fast": "kept"},
+        {"q-bad": "inaccurate", "q-fast": "kept", "q-slow": "slower"},
+    ]
+    # The best's latency the stage sees drops once q-fast is kept (measured alone, ~0.5 ms).
+    assert stage.seen[0][1] == pytest.approx(1.0, rel=0.05)
+    assert stage.seen[1][1] == pytest.approx(0.5, rel=0.05)
+    assert rows["skip-q"].status == "skipped" and rows["skip-q"].reason == "dominated by an earlier point"
+    assert rows["q-slow"].versus["label"] == "q-fast"  # measured against the best so far, same run
+    assert rows["q-slow"].versus["latency_ms"]["p50"] < rows["q-slow"].latency_ms["p50"]
+    assert result.best.label == "q-fast" and stage.closed
+
+
+def test_a_search_stops_once_the_target_is_met(tmp_path: Path) -> None:
+    stage = SearchingStage([("q-fast", {"extra_work": 1}), ("q-never", {"extra_work": 2})])
+    extra = '[stages.fake-search]\nrun_when = "above-target"\n'
+    result, bench = run_fake(tmp_path, {"fake-search": stage}, {"q-fast": 0.5}, extra, target_ms=0.7)
+    assert "q-never" not in by_label(result)
+    assert stage.closed  # the pipeline closed the generator: its cleanup ran
+    assert all("q-never" not in pair for pair in bench.compared)
+    assert result.exit_code == EXIT_TARGET_MET
+
+
+def test_a_stage_that_fails_midway_keeps_what_it_yielded(tmp_path: Path) -> None:
+    stage = SearchingStage([("q-fast", {"extra_work": 1}), ("q-next", {})], fail_after=1)
+    result, _ = run_fake(tmp_path, {"fake-search": stage}, {"q-fast": 0.5})
+    rows = by_label(result)
+    assert rows["q-fast"].status == "kept"
+    assert rows["fake-search"].status == "failed"
+    assert rows["fake-search"].reason == "RuntimeError: the quantizer crashed"
+    assert result.best.label == "q-fast"
+
+
+def test_target_skip_and_final_verdict_read_the_same_figure(tmp_path: Path) -> None:
+    stages: dict[str, Stage] = {
+        "fake-fast": FakeStage(model_candidate("fake-fast", extra_work=1)),
+        "fake-later": FakeStage(model_candidate("fake-later", extra_work=2)),
+    }
+    extra = '[stages.fake-later]\nrun_when = "above-target"\n'
+    result, _ = run_fake(tmp_path, stages, {"fake-fast": 0.5, "fake-later": 0.4}, extra, target_ms=0.7)
+    skip = by_label(result)["fake-later"]
+    assert skip.status == "skipped"
+    figure = skip.reason.split("(")[1].split(" ms")[0]
+    assert skip.reason.startswith(f"the best p50 ({figure} ms, measured alone) already meets")
+    assert result.verdict == f"target met: p50 {figure} ms <= 0.7 ms"
+
+
+def test_a_skip_decided_on_a_reverted_candidate_says_so(tmp_path: Path) -> None:
+    stages: dict[str, Stage] = {
+        "fake-fast": FakeStage(model_candidate("fake-fast", extra_work=1)),
+        "fake-later": FakeStage(model_candidate("fake-later", extra_work=2)),
+    }
+    extra = '[stages.fake-later]\nrun_when = "above-target"\n'
+    bench = FakeBench({"baseline": 1.0, "fake-fast": 0.5}, script=[0.5, 0.5, 1.5])
+    result, _ = run_fake(tmp_path, stages, {}, extra, bench=bench, target_ms=0.7)
+    rows = by_label(result)
+    assert rows["fake-fast"].status == "reverted"
+    assert rows["fake-later"].reason.endswith("(decided on fake-fast, which was reverted)")
+    assert result.best.label == "baseline"
+    assert result.verdict.startswith("target missed: best p50 ")  # the original, measured alone
