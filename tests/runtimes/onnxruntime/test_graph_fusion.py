@@ -65,8 +65,21 @@ def test_graph_fusion_skips_an_already_fused_graph(
 
 def test_graph_fusion_with_an_explicit_type_but_nothing_to_fuse_is_skipped(tmp_path: Path) -> None:
     base, ctx, _ = sample_context(RESNET, tmp_path, options={"model_type": "bert"})
-    with pytest.raises(StageSkipped, match="nothing to fuse"):
-        GraphFusionStage().run(base, ctx)
+    with pytest.raises(StageSkipped, match=r"nothing to fuse.*; onnxscript: found nothing to fuse"):
+        list(GraphFusionStage().run(base, ctx))
+
+
+def test_onnxscript_fuser_keeps_the_outputs_and_declares_its_ops(tmp_path: Path) -> None:
+    # The sample BERT's attention is TorchScript-shaped: whatever onnxscript fuses in it
+    # (SkipLayerNormalization at least) must compute the same and declare com.microsoft.
+    from optimize.runtimes.onnxruntime.graph_fusion import fuse_with_onnxscript
+
+    _, ctx, _ = sample_context(BERT, tmp_path)
+    details, _ = fuse_with_onnxscript(BERT, tmp_path / "fused.onnx")
+    assert details["fused_ops"] and details["nodes_after"] < details["nodes_before"]
+    cand = Candidate(label="onnxscript", model_path=tmp_path / "fused.onnx")
+    onnx.checker.check_model(read_model(cand.model_path))
+    assert_close(cand, BERT, dict(ctx.feeds))
 
 
 def test_heads_are_read_through_a_dynamic_reshape_concat() -> None:
