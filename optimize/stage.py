@@ -45,12 +45,16 @@ class StageContext:
     # "kept", "slower" (accurate, not faster than the best), "inaccurate" or "failed". A stage
     # that yields candidates one at a time (a search) reads it to prune what cannot win.
     outcomes: dict[str, str] = field(default_factory=dict)
-    # Records a point of a search that was not tried, and why, as a row of the report.
-    note_skipped: Callable[[str, str, dict[str, Any]], None] | None = None
+    # Records a point of a search the pipeline will not measure as a row of the report:
+    # (label, status "skipped" | "failed" | "rejected", reason, details).
+    note_point_fn: Callable[[str, str, str, dict[str, Any]], None] | None = None
+
+    def note_point(self, label: str, status: str, reason: str, details: dict[str, Any] | None = None) -> None:
+        if self.note_point_fn is not None:
+            self.note_point_fn(label, status, reason, details or {})
 
     def skip_point(self, label: str, reason: str, details: dict[str, Any] | None = None) -> None:
-        if self.note_skipped is not None:
-            self.note_skipped(label, reason, details or {})
+        self.note_point(label, "skipped", reason, details)
 
 
 class StageSkipped(Exception):

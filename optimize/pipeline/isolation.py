@@ -106,7 +106,7 @@ def run_in_child(stage: Stage, candidate: Candidate, ctx: StageContext) -> list[
     mp = multiprocessing.get_context("spawn")
     receiver, sender = mp.Pipe(duplex=False)
     budget_s = None if ctx.deadline is None else max(0.0, ctx.deadline - time.monotonic())
-    bare_ctx = replace(ctx, check_accuracy=_no_accuracy, log=_drop, status=None, note_skipped=None)
+    bare_ctx = replace(ctx, check_accuracy=_no_accuracy, log=_drop, status=None, note_point_fn=None)
     process = mp.Process(
         target=_child_main, args=(stage, candidate, bare_ctx, budget_s, sender), name=f"lto-{stage.name}"
     )

@@ -248,7 +248,7 @@ class Pipeline:
             self._warn(warning)
         if data.labels:
             self._warn(f"--calib-data arrays {', '.join(sorted(data.labels))} are not model inputs: ignored")
-        unused = self._calibration_unused_reason(model_path)
+        unused = self._calibration_unused_reason()
         quant = self.recipe.stage("quantize")
         if unused:
             self._warn(f"--calib-data is not used: {unused}")
@@ -276,7 +276,7 @@ class Pipeline:
             )
         return kept
 
-    def _calibration_unused_reason(self, model_path: Path) -> str:
+    def _calibration_unused_reason(self) -> str:
         """Why the quantize stage will not read --calib-data ("" when it will)."""
         quant = self.recipe.stage("quantize")
         if quant is None:
@@ -285,15 +285,8 @@ class Pipeline:
             if self.request.quantize == "never":
                 return "the quantize stage is off (--quantize never)"
             return f"the quantize stage is off in recipe {self.recipe.name} (--quantize always turns it on)"
-        mode = str(quant.options.get("mode", "auto")).lower()
-        why = f"mode {mode} from the recipe"
-        if mode == "auto":
-            from optimize.onnx_file import load_model
-            from optimize.runtimes.onnxruntime.quantize import choose_mode
-
-            mode, why = choose_mode(load_model(model_path, load_external_data=False), "auto")
-        if mode == "dynamic":
-            return f"quantize runs dynamic int8 ({why}), which computes activation ranges at run time"
+        if str(quant.options.get("mode", "auto")).lower() == "dynamic":
+            return "quantize searches dynamic int8 only (mode dynamic), whose ranges are computed at run time"
         return ""
 
     def _choose_metrics(self, base_backend: Backend) -> None:
@@ -506,8 +499,8 @@ class Pipeline:
         if self._deadline is not None:
             deadline = min(deadline, self._deadline) if deadline is not None else self._deadline
 
-        def note_skipped(label: str, reason: str, details: dict[str, Any]) -> None:
-            self._add(StageRecord(spec.name, label, "skipped", reason, details=details))
+        def note_point(label: str, status: str, reason: str, details: dict[str, Any]) -> None:
+            self._add(StageRecord(spec.name, label, status, reason, details=details))
 
         ctx = StageContext(
             workdir=workdir,
@@ -521,7 +514,7 @@ class Pipeline:
             check_accuracy=self.check_accuracy,
             log=lambda text: self._log(f"{spec.name}: {text}"),
             status=lambda text: self.progress.status(f"{spec.name}: {text}"),
-            note_skipped=note_skipped,
+            note_point_fn=note_point,
         )
         try:
             reason = stage.skip_reason(best, ctx)

@@ -1,24 +1,26 @@
-"""int8 quantization with onnxruntime.quantization, chosen by model kind and CPU ISA, accuracy-gated.
+"""int8 quantization with onnxruntime.quantization: a measured search, accuracy-gated.
 
-What wins where (measured, notes/ort.md §3):
-* MatMul-heavy graphs (transformers, MLPs): dynamic int8 (weights S8, activations quantized to U8
-  at run time). On a fused graph (com.microsoft ops) shape inference cannot type the tensors,
-  so the default tensor type is given.
-* Conv nets: static QDQ with calibration, U8 activations / S8 per-channel weights, on Conv,
-  MatMul and Gemm; ORT's NHWC int8 kernels then run it. Dynamic int8 on convs is 2-9x slower
-  and is never used (Conv is left out of the dynamic op list).
-* x86 without VNNI: u8*s8 pairs can saturate the 16-bit intermediate (vpmaddubsw), so weights
-  use 7 bits (reduce_range). S8 activations are 3x slower on x86 and are not offered.
-* fp16: ORT's CPU provider computes it through casts, so it is never faster there; skipped.
+The stage walks the points of quant_search.search_space (dynamic/static, per-channel/per-tensor,
+op scope, calibration method, attention fused after) in the order they are worth trying, and
+yields each point's candidate as soon as it passes the accuracy gate: the pipeline times it
+against the best so far and says how it went (ctx.outcomes) before the next point, and stops the
+stage once the target is met. Points that cannot win given earlier outcomes are recorded as
+skipped with the reason; a point that fails inside ONNX Runtime is retried with the known
+workaround, then recorded as failed, and the search goes on.
 
-The accuracy gate is the pipeline's (ctx.check_accuracy). When a quantized model fails it,
-nodes are ranked by the error they add themselves (per-channel relative error of the node's
-output minus that of its inputs, quantized vs float, on calibration inputs), and the most sensitive
-are left in float, more on each retry, within `max_backoff_rounds` and the stage's deadline.
+When a point fails the gate, back-off keeps the fewest and cheapest nodes in float that pass:
+structural groups first (the output head; a transformer's late FFN down-projections), then the
+nodes ranked by the error they add themselves (quant_sensitivity.py), doubling until one passes
+and bisecting back; of the passing choices, the one with the least compute in float wins.
 
-Options: mode (auto|dynamic|static), calibration (minmax|entropy|percentile), calib_data
-(.npz path or list of feed dicts), calib_samples, max_backoff_rounds, quant_format
-(qdq|qoperator), per_channel, exclude_nodes, fp16.
+Fixed choices (notes/ort.md §3): U8 activations / S8 weights (S8 activations are 3x slower on
+x86); reduce_range only on x86 without VNNI (u8*s8 pair sums saturate int16 in vpmaddubsw);
+never dynamic int8 on convolutions (ConvInteger is 4-12x slower); fp16 never on the CPU
+provider (it runs through casts).
+
+Options: mode (auto|dynamic|static), per_channel, calibration (minmax|percentile|entropy) narrow
+the search; points (labels, in order) replaces it; max_points; calib_data (.npz path or list of
+feed dicts), calib_samples, max_backoff_rounds, exclude_nodes, fused_variant, fp16.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import contextlib
 import io
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -35,6 +38,15 @@ import numpy as np
 
 from optimize.accuracy import AccuracyResult
 from optimize.errors import InputError, LtoError, message_line
+from optimize.runtimes.onnxruntime.quant_search import (
+    QuantPoint,
+    dominated_reason,
+    late_ffn_outputs,
+    node_costs,
+    output_head,
+    search_space,
+    workaround_for,
+)
 from optimize.runtimes.onnxruntime.quant_sensitivity import (
     CONV_WEIGHT_OPS,
     backoff_sizes,
@@ -46,10 +58,9 @@ if TYPE_CHECKING:
     import onnx
 
 STATIC_OP_TYPES = ("Conv", "MatMul", "Gemm")
-# ORT's dynamic (integer-op) quantizers minus the convolution ones (ConvInteger is slow).
-DYNAMIC_OP_TYPES = ("MatMul", "Gemm", "Attention", "Gather", "EmbedLayerNormalization", "LSTM")
 MATMUL_WEIGHT_OPS = frozenset({"MatMul", "Gemm", "Attention", "FusedMatMul", "FusedGemm", "LSTM", "GRU"})
 FP16_SKIP_REASON = "fp16 skipped: onnxruntime's CPU provider runs fp16 through casts (never faster, notes §3)"
+NOTHING_TO_QUANTIZE = "onnxruntime's quantizer found nothing to quantize"
 DEFAULT_CALIB_SAMPLES = 16
 DEFAULT_BACKOFF_ROUNDS = 3
 
@@ -74,7 +85,7 @@ def weight_params(model: onnx.ModelProto) -> tuple[int, int]:
 
 
 def choose_mode(model: onnx.ModelProto, requested: str) -> tuple[str, str]:
-    """("static" | "dynamic", why)."""
+    """("static" | "dynamic", why): the family searched first (conv nets: static; else dynamic)."""
     if requested in ("static", "dynamic"):
         return requested, f"mode {requested} from the recipe"
     if requested not in ("auto", ""):
@@ -179,13 +190,23 @@ class _Reader:
 
 
 # ---------------------------------------------------------------------------------------------
-# The stage
+# The stage: a search over QuantPoints (quant_search.py), each gated and backed off
+
+
+@dataclass
+class _Tried:
+    """One quantization of one point: its file, exclusions and the gate's verdict."""
+
+    candidate: Candidate
+    excluded: list[str]
+    result: AccuracyResult
+    group: str
 
 
 class QuantizeStage(OnnxRuntimeStage):
     name: ClassVar[str] = "quantize"
     description: ClassVar[str] = (
-        "int8: dynamic for MatMul-heavy models, static QDQ with calibration for conv nets"
+        "int8 search: dynamic/static, per-channel/tensor, op scope, calibration; gated, backed off"
     )
 
     def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
@@ -205,28 +226,33 @@ class QuantizeStage(OnnxRuntimeStage):
             return "no Conv, MatMul, Gemm or Attention to quantize"
         return None
 
-    def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
+    def run(self, candidate: Candidate, ctx: StageContext) -> Iterator[Candidate]:
         from optimize.env import cpu_isa_flags, has_vnni
         from optimize.onnx_file import read_model
+        from optimize.runtimes.onnxruntime.graph_fusion import detect_transformer
 
         opts = ctx.options
         flags = cpu_isa_flags()
         vnni = has_vnni(flags)
-        x86 = bool(flags & {"sse2", "avx", "avx2"})
         source, source_note = quantization_source(candidate, ctx)
         if source_note:
             ctx.log(source_note)
         model = read_model(source, load_external_data=False)
-        mode, why = choose_mode(model, str(opts.get("mode", "auto")).lower())
+        family, why = choose_mode(model, "auto")
+        kind = "conv" if family == "static" else "matmul"
+        _, matmul = weight_params(model)
+        transformer = detect_transformer(model) is not None
         del model
-        ctx.log(f"{why}; {'VNNI' if vnni else 'no VNNI'} CPU")
-        notes: dict[str, Any] = {"source": source_note or "the best candidate's model"}
+        requested = str(opts.get("mode", "auto")).lower()
+        if requested not in ("auto", "dynamic", "static"):
+            raise InputError(f"quantize: unknown mode {requested!r}", "use auto, dynamic or static")
+        points = self._points(kind, requested, matmul > 0, transformer, opts)
+        ctx.log(f"{why}; {'VNNI' if vnni else 'no VNNI'} CPU; {len(points)} point(s) to search")
         if opts.get("fp16"):
             ctx.log(FP16_SKIP_REASON)
-            notes["fp16"] = FP16_SKIP_REASON
-        settings: dict[str, Any] = {
-            "mode": mode,
-            "mode_reason": why,
+        common: dict[str, Any] = {
+            "source": source_note or "the best candidate's model",
+            "model_kind": why,
             "cpu": {
                 "vnni": vnni,
                 "flags": sorted(flags & {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8"}),
@@ -234,236 +260,345 @@ class QuantizeStage(OnnxRuntimeStage):
             "activation_type": "uint8",
             "weight_type": "int8",
             # Without VNNI, u8*s8 pair sums overflow int16 in vpmaddubsw; 7-bit weights cannot.
-            "reduce_range": x86 and not vnni,
-            "per_channel": bool(opts.get("per_channel", mode == "static")),
+            "reduce_range": bool(flags & {"sse2", "avx", "avx2"}) and not vnni,
         }
-        calibration: list[dict[str, np.ndarray]] = []
-        if mode == "static":
-            calibration, settings["calibration"] = self._calibration(ctx)
-
-        # (label suffix, source model): the candidate itself, and for an unfused transformer
-        # also its fused graph, where Attention becomes QAttention (notes §3: the fastest int8 BERT).
-        sources: list[tuple[str, Path, dict[str, Any]]] = [("", source, {})]
-        if mode == "dynamic" and opts.get("fused_variant", True):
-            fused = self._fused_source(source, ctx)
-            if fused is not None:
-                sources.append(fused)
-        out: list[Candidate] = []
-        errors: dict[str, str] = {}
-        skipped: list[str] = []
-        for tag, source, extra_details in sources:
-            if tag and ctx.deadline is not None and time.monotonic() >= ctx.deadline:
-                errors[tag] = "stage deadline reached"
-                break
+        search = _Search(self, candidate, ctx, source, common)
+        explicit = bool(opts.get("points")) or requested != "auto"
+        tried: dict[QuantPoint, str] = {}
+        # "Nothing to quantize" on every point is one skip of the stage, not a row per point.
+        nothing: list[tuple[str, str, dict[str, Any]]] = []
+        empty_scopes: dict[str, str] = {}
+        for point in points:
+            label = f"{self.name}:{point.label}"
+            if ctx.deadline is not None and time.monotonic() >= ctx.deadline:
+                ctx.note_point(label, "skipped", "the stage budget was spent", point.to_json())
+                continue
+            if point.scope in empty_scopes:  # same op scope, same nothing to quantize
+                tried[point] = "failed"
+                nothing.append((label, empty_scopes[point.scope], point.to_json()))
+                continue
+            if reason := dominated_reason(point, tried, explicit):
+                ctx.note_point(label, "skipped", reason, point.to_json())
+                continue
             try:
-                cand = self._gated(source, tag, candidate, ctx, dict(settings), calibration)
+                found = search.point(point)
             except StageSkipped as exc:
-                skipped.append(str(exc))
+                tried[point] = "failed"
+                if str(exc).startswith(NOTHING_TO_QUANTIZE):
+                    nothing.append((label, str(exc), point.to_json()))
+                    empty_scopes.setdefault(point.scope, str(exc))
+                else:
+                    ctx.note_point(label, "skipped", str(exc), point.to_json())
                 continue
-            except Exception as exc:  # one failing variant must not take the others down
-                errors[tag or "plain"] = exc.one_line() if isinstance(exc, LtoError) else message_line(exc)
-                ctx.log(f"variant {tag or 'plain'} failed: {errors[tag or 'plain']}")
+            except (InputError, KeyboardInterrupt):
+                raise
+            except Exception as exc:  # one failing point never ends the search
+                tried[point] = "failed"
+                line = exc.one_line() if isinstance(exc, LtoError) else message_line(exc)
+                ctx.log(f"{point.label} failed: {line}")
+                ctx.note_point(label, "failed", line, {**point.to_json(), **search.failure_details})
                 continue
-            cand.details.update(notes)
-            cand.details.update(extra_details)
-            out.append(cand)
-        if not out and skipped and not errors:
-            raise StageSkipped(skipped[0])
-        if not out:
-            raise LtoError("quantization failed: " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
-        for cand in out:
-            cand.details["failed_variants"].update(errors)
-        return out
+            if not found.result.ok:
+                tried[point] = "inaccurate"
+                kept = len(found.excluded)
+                why_not = f"inaccurate: {found.result.reason} (best of the back-off: {kept} node(s) in float)"
+                ctx.note_point(label, "rejected", why_not, found.candidate.details)
+                continue
+            yield found.candidate
+            tried[point] = ctx.outcomes.get(found.candidate.label, "slower")
+        if nothing and len(nothing) == len(tried):
+            raise StageSkipped(nothing[0][1])
+        for label, reason, details in nothing:
+            ctx.note_point(label, "skipped", reason, details)
 
-    def _fused_source(self, source: Path, ctx: StageContext) -> tuple[str, Path, dict[str, Any]] | None:
-        from optimize.onnx_file import op_counts, read_model
-        from optimize.runtimes.onnxruntime.graph_fusion import detect_transformer, fuse_transformer
+    @staticmethod
+    def _points(
+        kind: str, requested: str, has_matmul: bool, transformer: bool, opts: Mapping[str, Any]
+    ) -> list[QuantPoint]:
+        per_channel = opts.get("per_channel")
+        calibration = opts.get("calibration")
+        points = search_space(
+            kind if requested == "auto" else ("matmul" if requested == "dynamic" else "conv"),
+            has_matmul_weights=has_matmul,
+            transformer=transformer and bool(opts.get("fused_variant", True)),
+            mode=requested,
+            per_channel=None if per_channel is None else bool(per_channel),
+            calibration=None if calibration is None else str(calibration).lower(),
+        )
+        if requested == "static" and kind == "matmul":  # a transformer forced to static: MatMul scope first
+            points.sort(key=lambda p: p.scope != "matmul")
+        wanted = [str(p) for p in opts.get("points", [])]
+        if wanted:
+            every = {p.label: p for p in _all_points(has_matmul, transformer)}
+            unknown = [w for w in wanted if w not in every]
+            if unknown:
+                raise InputError(
+                    f"quantize: unknown point {unknown[0]!r}", f"known points: {', '.join(sorted(every))}"
+                )
+            points = [every[w] for w in wanted]
+        limit = opts.get("max_points")
+        return points[: int(limit)] if limit else points
 
-        model = read_model(source, load_external_data=False)
-        if (
-            any(op.startswith("com.microsoft:") for op in op_counts(model))
-            or detect_transformer(model) is None
-        ):
-            return None
-        del model
-        try:
-            details, _ = fuse_transformer(source, ctx.workdir / "fused.onnx", {})
-        except StageSkipped:
-            return None
-        if not details["attention_fused"]:
-            return None
-        return "fused", ctx.workdir / "fused.onnx", {"fused_ops": details["fused_ops"]}
 
-    def _gated(
-        self,
-        source: Path,
-        tag: str,
-        base: Candidate,
-        ctx: StageContext,
-        settings: dict[str, Any],
-        calibration: list[dict[str, np.ndarray]],
-    ) -> Candidate:
-        """Quantize `source`, check it, and back off on sensitive nodes until the gate passes."""
-        opts = ctx.options
-        prepared, settings["preprocess"] = self._prepare(source, tag, base, ctx, settings["mode"])
-        quantizer = _Quantizer(prepared, ctx.workdir, settings, opts, calibration, tag)
+def _all_points(has_matmul: bool, transformer: bool) -> list[QuantPoint]:
+    seen: dict[str, QuantPoint] = {}
+    for kind in ("matmul", "conv"):
+        for p in search_space(kind, has_matmul_weights=True, transformer=True):
+            seen.setdefault(p.label, p)
+    return list(seen.values())
+
+
+class _Search:
+    """State shared by the points of one run: prepared models and calibration, made once."""
+
+    def __init__(
+        self, stage: QuantizeStage, base: Candidate, ctx: StageContext, source: Path, common: dict[str, Any]
+    ) -> None:
+        self.stage, self.base, self.ctx, self.source, self.common = stage, base, ctx, source, common
+        self._prepared: dict[bool, tuple[Path, str]] = {}
+        self._calibration: tuple[list[dict[str, np.ndarray]], dict[str, Any]] | None = None
+        self.failure_details: dict[str, Any] = {}
+
+    def calibration(self) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
+        if self._calibration is None:
+            self._calibration = _calibration(self.ctx)
+        return self._calibration
+
+    def prepared(self, static: bool) -> tuple[Path, str]:
+        if static not in self._prepared:
+            self._prepared[static] = _prepare(self.source, self.ctx, static)
+        return self._prepared[static]
+
+    def point(self, point: QuantPoint) -> _Tried:
+        """Quantize at `point`, gate it, back off until it passes; the cheapest passing choice."""
+        ctx, opts = self.ctx, self.ctx.options
+        self.failure_details = {}
+        static = point.mode == "static"
+        prepared, prep_note = self.prepared(static)
+        calibration, calib_info = self.calibration() if static else ([], {})
+        settings = {**self.common, **point.to_json(), "preprocess": prep_note}
+        if static:
+            settings["calibration_data"] = calib_info
+        quantizer = _Quantizer(prepared, ctx.workdir, point, settings, calibration)
         user_excluded = [str(n) for n in opts.get("exclude_nodes", [])]
         rounds = int(opts.get("max_backoff_rounds", opts.get("max_retries", DEFAULT_BACKOFF_ROUNDS)))
-
         attempts: list[dict[str, Any]] = []
-        cand = self._attempt(quantizer, base, user_excluded, 0, attempts, ctx)
-        if cand is None:
-            raise LtoError(attempts[-1]["error"])
-        if not cand.details["quantized_ops"]:
+
+        def attempt(excluded: list[str], group: str) -> _Tried | None:
+            try:
+                cand = quantizer.quantize(self.base, excluded, len(attempts))
+            except Exception as exc:
+                attempts.append({"group": group, "excluded": len(excluded), "error": message_line(exc)})
+                if not excluded or excluded == user_excluded:
+                    self.failure_details = {"attempts": attempts, "workarounds": quantizer.workarounds}
+                    raise
+                return None
+            result = ctx.check_accuracy(cand)
+            attempts.append({"group": group, "excluded": len(excluded), **_gate_summary(result)})
+            return _Tried(cand, excluded, result, group)
+
+        ctx.status and ctx.status(f"{point.label}: quantizing")
+        first = attempt(user_excluded, "none")
+        assert first is not None
+        if not first.candidate.details["quantized_ops"]:
             raise StageSkipped(
-                "onnxruntime's quantizer found nothing to quantize "
-                "(weights inside If/Loop subgraphs or ops it does not support)"
+                f"{NOTHING_TO_QUANTIZE} (weights inside If/Loop subgraphs or ops it does not support)"
             )
-        result = ctx.check_accuracy(cand)
-        attempts[-1].update(_gate_summary(result))
-        if not result.ok and rounds > 0:
-            ctx.log(
-                f"{cand.label}: accuracy gate failed ({result.reason}); ranking nodes by the error they add"
-            )
-            # Calibration inputs plus the benchmark inputs: the ranking should not fit one sample.
-            samples = (calibration[:4] or generated_calibration(ctx, 2)) + [dict(ctx.feeds)]
-            ranking = rank_sensitive_nodes(
-                prepared, cand.model_path, quantizer.quantizable_nodes(), samples, ctx.workdir
-            )
-            ranked = [name for name, _ in ranking if name not in user_excluded]
-            for round_index, size in enumerate(backoff_sizes(len(ranked), rounds), start=1):
-                if ctx.deadline is not None and time.monotonic() >= ctx.deadline:
-                    attempts.append({"attempt": round_index, "skipped": "stage deadline reached"})
-                    break
-                excluded = [*user_excluded, *ranked[:size]]
-                retry = self._attempt(quantizer, base, excluded, round_index, attempts, ctx)
-                if retry is None:
-                    continue
-                cand = retry
-                result = ctx.check_accuracy(cand)
-                attempts[-1].update(_gate_summary(result))
-                verdict = "pass" if result.ok else "fail"
-                ctx.log(f"{cand.label} back-off {round_index}: {size} node(s) kept in float -> {verdict}")
-                if result.ok:
-                    break
+        chosen, ranking = first, []
+        if not first.result.ok and rounds > 0:
+            ctx.log(f"{point.label}: accuracy gate failed ({first.result.reason}); backing off")
+            chosen, ranking = self._back_off(point, quantizer, first, user_excluded, rounds, attempt)
+        cand = chosen.candidate
+        cand.details.update(
+            attempts=attempts,
+            accuracy_gate="passed" if chosen.result.ok else "failed",
+            backoff_group=chosen.group,
+            workarounds=list(quantizer.workarounds),
+        )
+        if ranking:
             cand.details["sensitivity"] = [
                 {"node": n, "added_rel_error": round(e, 6)} for n, e in ranking[:10]
             ]
-        cand.details["attempts"] = attempts
-        cand.details["accuracy_gate"] = "passed" if result.ok else "failed"
-        return cand
+        return chosen
 
-    # -- steps -------------------------------------------------------------------------------
-
-    def _prepare(
-        self, source: Path, tag: str, base: Candidate, ctx: StageContext, mode: str
-    ) -> tuple[Path, str]:
-        """A copy with every node named (exclusion is by name), pre-processed for static quantization."""
-        from optimize.onnx_file import ensure_node_names, file_has_external_data, read_model, save_model
-
-        suffix = f"-{tag}" if tag else ""
-        note = "none"
-        external = file_has_external_data(source)
-        if mode == "static":
-            from onnxruntime.quantization.shape_inference import quant_pre_process
-
-            pre = ctx.workdir / f"preprocessed{suffix}.onnx"
-            try:
-                with _quiet():
-                    quant_pre_process(str(source), str(pre), auto_merge=True, save_as_external_data=external)
-                source, note = pre, "quant_pre_process (symbolic shapes, ORT basic optimizations)"
-            except Exception as exc:
-                note = f"quant_pre_process failed, quantizing the model as is: {message_line(exc)}"
-                ctx.log(note)
-        model = read_model(source)
-        ensure_node_names(model)
-        prepared = ctx.workdir / f"prepared{suffix}.onnx"
-        save_model(model, prepared, external=external or None)
-        return prepared, note
-
-    def _calibration(self, ctx: StageContext) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
-        count = int(ctx.options.get("calib_samples", DEFAULT_CALIB_SAMPLES))
-        source = ctx.options.get("calib_data")
-        if source is not None:
-            samples = load_calibration(source, ctx.feeds)
-            origin = str(source) if not isinstance(source, (list, tuple)) else "list"
-            return samples, {"source": origin, "samples": len(samples)}
-        ctx.log(
-            f"WARNING: calibrating on {count} generated inputs (no --calib-data); activation ranges from "
-            "synthetic data may not match real inputs. Pass --calib-data FILE.npz for representative ranges."
-        )
-        return generated_calibration(ctx, count), {"source": "generated", "samples": count}
-
-    def _attempt(
+    def _back_off(
         self,
+        point: QuantPoint,
         quantizer: _Quantizer,
-        base: Candidate,
-        excluded: list[str],
-        index: int,
-        attempts: list[dict[str, Any]],
-        ctx: StageContext,
-    ) -> Candidate | None:
+        first: _Tried,
+        user_excluded: list[str],
+        rounds: int,
+        attempt: Any,
+    ) -> tuple[_Tried, list[tuple[str, float]]]:
+        """Keep the fewest, cheapest nodes in float that pass: structural groups first (the output
+        head; a transformer's late FFN down-projections), then the nodes ranked by the error they
+        add, doubling until one passes and bisecting back towards fewer."""
+        from optimize.onnx_file import read_model
+
+        ctx = self.ctx
+        calibration = self.calibration()[0] if point.mode == "static" else []
+        samples = (calibration[:4] or generated_calibration(ctx, 2)) + [dict(ctx.feeds)]
+        nodes = quantizer.quantizable_nodes()
+        ranking = rank_sensitive_nodes(
+            quantizer.prepared, first.candidate.model_path, nodes, samples, ctx.workdir
+        )
+        ranked = [name for name, _ in ranking if name not in user_excluded]
+        model = read_model(quantizer.prepared, load_external_data=False)
+        costs = node_costs(model, nodes)
+        groups = [("output head", output_head(model, ranked))]
+        if point.mode == "dynamic" or "MatMul" in (point.op_types() or ["MatMul"]):
+            groups.append(("late FFN down-projections", late_ffn_outputs(model, ranked)))
+        del model
+
+        def out_of_time() -> bool:
+            return ctx.deadline is not None and time.monotonic() >= ctx.deadline
+
+        passing: list[_Tried] = []
+        seen: set[frozenset[str]] = set()
+        for name, group in groups:
+            if not group or len(group) >= len(ranked) or frozenset(group) in seen or out_of_time():
+                continue
+            seen.add(frozenset(group))
+            tried = attempt([*user_excluded, *group], name)
+            if tried is not None and tried.result.ok:
+                passing.append(tried)
+
+        def cost(excluded: Sequence[str]) -> float:
+            return sum(costs.get(n, 0.0) for n in excluded)
+
+        last_fail, first_pass = 0, None
+        for size in backoff_sizes(len(ranked), rounds):
+            if out_of_time() or (passing and cost(ranked[:size]) >= min(cost(t.excluded) for t in passing)):
+                break  # a longer prefix keeps more compute in float than a group that passed
+            tried = attempt([*user_excluded, *ranked[:size]], f"top {size} by added error")
+            if tried is not None and tried.result.ok:
+                passing.append(tried)
+                first_pass = size
+                break
+            last_fail = size
+        # Bisect between the last failing and the first passing prefix: fewer nodes in float.
+        for _ in range(2):
+            if first_pass is None or first_pass - last_fail <= 1 or out_of_time():
+                break
+            mid = (last_fail + first_pass) // 2
+            tried = attempt([*user_excluded, *ranked[:mid]], f"top {mid} by added error")
+            if tried is not None and tried.result.ok:
+                passing.append(tried)
+                first_pass = mid
+            else:
+                last_fail = mid
+        if not passing:
+            return first, ranking
+        best = min(passing, key=lambda t: (cost(t.excluded), len(t.excluded)))
+        ctx.log(
+            f"{point.label}: passes with {len(best.excluded)} node(s) in float ({best.group}), "
+            f"{len(passing)} passing choice(s)"
+        )
+        return best, ranking
+
+
+def _prepare(source: Path, ctx: StageContext, static: bool) -> tuple[Path, str]:
+    """A copy with every node named (exclusion is by name); for static quantization pre-processed
+    and at opset >= 13, where DequantizeLinear takes the per-channel axis."""
+    from optimize.onnx_file import ensure_node_names, file_has_external_data, read_model, save_model
+
+    suffix = "static" if static else "dynamic"
+    notes = []
+    external = file_has_external_data(source)
+    if static:
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+
+        pre = ctx.workdir / f"preprocessed-{suffix}.onnx"
         try:
-            cand = quantizer.quantize(base, excluded, index)
-        except Exception as exc:  # a failing variant is recorded, never a crash
-            attempts.append({"attempt": index, "excluded": len(excluded), "error": message_line(exc)})
-            ctx.log(f"quantization attempt {index} failed: {message_line(exc)}")
-            return None
-        attempts.append({"attempt": index, "excluded": len(excluded)})
-        return cand
+            with _quiet():
+                quant_pre_process(str(source), str(pre), auto_merge=True, save_as_external_data=external)
+            source = pre
+            notes.append("quant_pre_process (symbolic shapes, ORT basic optimizations)")
+        except Exception as exc:
+            notes.append(f"quant_pre_process failed, quantizing the model as is: {message_line(exc)}")
+            ctx.log(notes[-1])
+    model = read_model(source)
+    if static:
+        opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+        if 0 < opset < 13:
+            from onnx import version_converter
+
+            try:
+                model = version_converter.convert_version(model, 13)
+                notes.append(f"opset {opset} -> 13 (per-channel DequantizeLinear needs its axis)")
+            except Exception as exc:
+                notes.append(f"opset {opset} kept, conversion to 13 failed: {message_line(exc)}")
+    ensure_node_names(model)
+    prepared = ctx.workdir / f"prepared-{suffix}.onnx"
+    save_model(model, prepared, external=external or None)
+    return prepared, "; ".join(notes) or "none"
+
+
+def _calibration(ctx: StageContext) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
+    count = int(ctx.options.get("calib_samples", DEFAULT_CALIB_SAMPLES))
+    source = ctx.options.get("calib_data")
+    if source is not None:
+        samples = load_calibration(source, ctx.feeds)
+        origin = str(source) if not isinstance(source, (list, tuple)) else "list"
+        return samples, {"source": origin, "samples": len(samples)}
+    ctx.log(
+        f"WARNING: calibrating on {count} generated inputs (no --calib-data); activation ranges from "
+        "synthetic data may not match real inputs. Pass --calib-data FILE.npz for representative ranges."
+    )
+    return generated_calibration(ctx, count), {"source": "generated", "samples": count}
 
 
 class _Quantizer:
-    """One configured quantization of one prepared model; each call writes a new file."""
+    """One point on one prepared model; each call writes a new file. Known ONNX Runtime failures
+    are retried with their workaround (quant_search.WORKAROUNDS), kept for later calls."""
 
     def __init__(
         self,
         prepared: Path,
         workdir: Path,
+        point: QuantPoint,
         settings: dict[str, Any],
-        opts: Mapping[str, Any],
         calibration: list[dict[str, np.ndarray]],
-        tag: str = "",
     ) -> None:
-        self.prepared = prepared
-        self.workdir = workdir
-        self.settings = settings
-        self.opts = opts
-        self.calibration = calibration
         from optimize.onnx_file import file_has_external_data
 
+        self.prepared = prepared
+        self.workdir = workdir
+        self.point = point
+        self.settings = settings
+        self.calibration = calibration
         self.external = file_has_external_data(prepared)
-        self.tag = tag
-        self.failed_variants: dict[str, str] = {}
-        self._calib_cache: Path | None = None
+        self.workarounds: list[str] = []
+        self._extra: dict[str, Any] = {}
+        self._ranges: Path | None = None
 
     def quantizable_nodes(self) -> list[str]:
         from optimize.onnx_file import read_model
 
-        ops = STATIC_OP_TYPES if self.settings["mode"] == "static" else DYNAMIC_OP_TYPES
+        ops = self.point.op_types()
         model = read_model(self.prepared, load_external_data=False)
-        return [n.name for n in model.graph.node if n.op_type in ops and n.op_type != "Gather"]
-
-    def _gemm_names(self) -> set[str]:
-        from optimize.onnx_file import read_model
-
-        model = read_model(self.prepared, load_external_data=False)
-        return {n.name for n in model.graph.node if n.op_type == "Gemm"}
+        return [
+            n.name
+            for n in model.graph.node
+            if (n.op_type in ops if ops else n.op_type in STATIC_OP_TYPES) and n.op_type != "Gather"
+        ]
 
     def quantize(self, base: Candidate, excluded: list[str], index: int) -> Candidate:
         from optimize.onnx_file import QUANT_OPS, op_counts, read_model, save_model
 
-        suffix = f"-{self.tag}" if self.tag else ""
-        out = self.workdir / f"{self.settings['mode']}-int8{suffix}-{index}.onnx"
-        if self.settings["mode"] == "dynamic":
-            # The dynamic quantizer splits Gemm into "<name>_MatMul" + "<name>_Add" before it
-            # matches names, so a Gemm is excluded under its MatMul's name too.
-            gemms = self._gemm_names()
-            self._dynamic(out, [*excluded, *(f"{n}_MatMul" for n in excluded if n in gemms)])
-            label = "dynamic-int8"
-        else:
-            label = self._static(out, excluded)
-        label += suffix
+        out = self.workdir / f"{self.point.label}-{index}.onnx"
+        while True:
+            try:
+                self._quantize(out, excluded)
+                break
+            except Exception as exc:
+                fix = workaround_for(message_line(exc), self.workarounds)
+                if fix is None:
+                    raise
+                self.workarounds.append(fix.name)
+                self._extra.update(fix.extra_options)
+        if self.point.fuse_after:
+            out = self._fuse(out)
         model = read_model(out)
         extra = save_model(model, out, external=self.external or None)  # strips unused opsets
         _check_loads(out)
@@ -473,7 +608,7 @@ class _Quantizer:
             # int8 speed comes from ORT fusing Q/DQ into integer kernels (EXTENDED) and NHWC (LAYOUT).
             config["graph_optimization_level"] = "all"
         return Candidate(
-            label=f"quantize:{label}",
+            label=f"quantize:{self.point.label}",
             model_path=out,
             backend=base.backend,
             runtime_config=config,
@@ -483,10 +618,34 @@ class _Quantizer:
                 **self.settings,
                 "quantized_ops": {op: n for op, n in ops.items() if op.rpartition(":")[2] in QUANT_OPS},
                 "excluded_nodes": list(excluded),
-                "failed_variants": dict(self.failed_variants),
             },
             extra_files=extra,
         )
+
+    def _quantize(self, out: Path, excluded: list[str]) -> None:
+        if self.point.mode == "dynamic":
+            # The dynamic quantizer splits Gemm into "<name>_MatMul" + "<name>_Add" before it
+            # matches names, so a Gemm is excluded under its MatMul's name too.
+            gemms = self._gemm_names()
+            self._dynamic(out, [*excluded, *(f"{n}_MatMul" for n in excluded if n in gemms)])
+        else:
+            self._static(out, excluded)
+
+    def _fuse(self, quantized: Path) -> Path:
+        from optimize.runtimes.onnxruntime.graph_fusion import fuse_with_onnxscript
+
+        fused = quantized.with_name(quantized.stem + "-mha.onnx")
+        details, _ = fuse_with_onnxscript(quantized, fused)
+        if not details["attention_fused"]:
+            raise StageSkipped("attention did not fuse in the quantized graph")
+        self.settings["fused_ops"] = details["fused_ops"]
+        return fused
+
+    def _gemm_names(self) -> set[str]:
+        from optimize.onnx_file import read_model
+
+        model = read_model(self.prepared, load_external_data=False)
+        return {n.name for n in model.graph.node if n.op_type == "Gemm"}
 
     def _dynamic(self, out: Path, excluded: list[str]) -> None:
         import onnx
@@ -495,7 +654,7 @@ class _Quantizer:
         from optimize.onnx_file import op_counts, read_model
 
         ops = op_counts(read_model(self.prepared, load_external_data=False))
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = dict(self._extra)
         if any(":" in op for op in ops):
             # Fused graphs: shape inference cannot see through com.microsoft ops (notes §3).
             extra["DefaultTensorType"] = onnx.TensorProto.FLOAT
@@ -503,8 +662,8 @@ class _Quantizer:
             quantize_dynamic(
                 str(self.prepared),
                 str(out),
-                op_types_to_quantize=list(DYNAMIC_OP_TYPES),
-                per_channel=self.settings["per_channel"],
+                op_types_to_quantize=self.point.op_types(),
+                per_channel=self.point.per_channel,
                 reduce_range=self.settings["reduce_range"],
                 weight_type=QuantType.QInt8,
                 nodes_to_exclude=excluded,
@@ -512,81 +671,63 @@ class _Quantizer:
                 extra_options=extra,
             )
 
-    def _static(self, out: Path, excluded: list[str]) -> str:
-        """Static quantization, falling back to QDQ + MinMax when a requested variant fails."""
-        method = str(self.opts.get("calibration", self.opts.get("calibrate_method", "minmax"))).lower()
-        fmt = str(self.opts.get("quant_format", "qdq")).lower()
-        if method not in ("minmax", "entropy", "percentile"):
-            raise InputError(f"quantize: unknown calibration {method!r}", "use minmax, entropy or percentile")
-        if fmt not in ("qdq", "qoperator"):
-            raise InputError(f"quantize: unknown quant_format {fmt!r}", "use qdq or qoperator")
-        variants = [(fmt, method)]
-        if (fmt, method) != ("qdq", "minmax"):
-            variants.append(("qdq", "minmax"))
-        errors = []
-        for fmt_i, method_i in variants:
-            key = f"{fmt_i}-{method_i}"
-            if key in self.failed_variants:
-                continue
-            try:
-                self._static_one(out, excluded, fmt_i, method_i)
-                _check_loads(out)
-            except Exception as exc:  # e.g. Entropy "Too many bins" on masks, QOperator type errors
-                self.failed_variants[key] = message_line(exc)
-                errors.append(f"{key}: {message_line(exc)}")
-                continue
-            self.settings["quant_format"], self.settings["calibration_method"] = fmt_i, method_i
-            return f"static-{fmt_i}"
-        raise LtoError("; ".join(errors))
-
-    def _static_one(self, out: Path, excluded: list[str], fmt: str, method: str) -> None:
+    def _static(self, out: Path, excluded: list[str]) -> None:
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-        calib_method = {
-            "minmax": CalibrationMethod.MinMax,
-            "entropy": CalibrationMethod.Entropy,
-            "percentile": CalibrationMethod.Percentile,
-        }[method]
+        extra: dict[str, Any] = dict(self._extra)
+        if self.point.symmetric_activations:
+            extra["ActivationSymmetric"] = True
         kwargs: dict[str, Any] = {
-            "quant_format": QuantFormat.QDQ if fmt == "qdq" else QuantFormat.QOperator,
+            "quant_format": QuantFormat.QDQ,
             "activation_type": QuantType.QUInt8,
             "weight_type": QuantType.QInt8,
-            "per_channel": self.settings["per_channel"],
+            "per_channel": self.point.per_channel,
             "reduce_range": self.settings["reduce_range"],
-            "calibrate_method": calib_method,
-            "op_types_to_quantize": list(STATIC_OP_TYPES),
+            "calibrate_method": _METHODS[self.point.calibration](CalibrationMethod),
             "nodes_to_exclude": excluded,
             "use_external_data_format": self.external,
+            "extra_options": extra,
+            # Ranges are computed once per point: back-off rounds only change which nodes use them.
+            "calibration_cache_path": str(self._calibrated_ranges()),
         }
-        reader: Any = _Reader(self.calibration)
-        if method == "entropy":
-            # quantize_static does not pass num_bins on, which makes Entropy equal MinMax (notes §3);
-            # run the calibrator here and hand quantize_static its ranges.
-            kwargs["calibration_cache_path"] = str(self._entropy_cache())
-            reader = None
+        if self.point.op_types() is not None:
+            kwargs["op_types_to_quantize"] = self.point.op_types()
         with _quiet():
-            quantize_static(str(self.prepared), str(out), reader, **kwargs)
+            quantize_static(str(self.prepared), str(out), None, **kwargs)
 
-    def _entropy_cache(self) -> Path:
-        if self._calib_cache is not None:
-            return self._calib_cache
+    def _calibrated_ranges(self) -> Path:
+        """Activation ranges by the point's method. quantize_static does not pass num_bins on
+        (Entropy then equals MinMax, notes §3), so the calibrator runs here with its settings."""
+        if self._ranges is not None:
+            return self._ranges
         from onnxruntime.quantization import CalibrationMethod
         from onnxruntime.quantization.calibrate import create_calibrator
         from onnxruntime.quantization.quantize import save_tensors_data
 
-        cache = self.workdir / "entropy-ranges.json"
-        calibrator = create_calibrator(
-            str(self.prepared),
-            list(STATIC_OP_TYPES),
-            augmented_model_path=str(self.workdir / "augmented.onnx"),
-            calibrate_method=CalibrationMethod.Entropy,
-            extra_options={"num_bins": 2048, "num_quantized_bins": 128},
-        )
-        with _quiet():
-            calibrator.collect_data(_Reader(self.calibration))
-            save_tensors_data(calibrator.compute_data(), str(cache))
-        self._calib_cache = cache
+        method = self.point.calibration
+        extra = {"num_bins": 2048, "num_quantized_bins": 128} if method == "entropy" else {}
+        cache = self.workdir / f"ranges-{self.point.scope}-{method}.json"
+        if not cache.exists():
+            calibrator = create_calibrator(
+                str(self.prepared),
+                self.point.op_types() or [],
+                augmented_model_path=str(self.workdir / f"augmented-{self.point.scope}-{method}.onnx"),
+                calibrate_method=_METHODS[method](CalibrationMethod),
+                use_external_data_format=self.external,
+                extra_options=extra,
+            )
+            with _quiet():
+                calibrator.collect_data(_Reader(self.calibration))
+                save_tensors_data(calibrator.compute_data(), str(cache))
+        self._ranges = cache
         return cache
+
+
+_METHODS: dict[str, Callable[[Any], Any]] = {
+    "minmax": lambda m: m.MinMax,
+    "percentile": lambda m: m.Percentile,
+    "entropy": lambda m: m.Entropy,
+}
 
 
 # ---------------------------------------------------------------------------------------------

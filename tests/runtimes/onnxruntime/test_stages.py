@@ -95,4 +95,4 @@ def test_stages_on_a_control_flow_model(tmp_path: Path) -> None:
         assert_close(cand, model, feeds, atol=1e-4)
     assert QuantizeStage().skip_reason(base, ctx) is None  # there is a MatMul, in a subgraph
     with pytest.raises(StageSkipped, match="found nothing to quantize"):
-        QuantizeStage().run(base, ctx)
+        list(QuantizeStage().run(base, ctx))
