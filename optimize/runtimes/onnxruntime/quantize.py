@@ -30,7 +30,7 @@ import io
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -40,6 +40,7 @@ from optimize.accuracy import AccuracyResult
 from optimize.errors import InputError, LtoError, message_line
 from optimize.runtimes.onnxruntime.quant_search import (
     QuantPoint,
+    attention_projections,
     dominated_reason,
     late_ffn_outputs,
     node_costs,
@@ -240,13 +241,13 @@ class QuantizeStage(OnnxRuntimeStage):
         model = read_model(source, load_external_data=False)
         family, why = choose_mode(model, "auto")
         kind = "conv" if family == "static" else "matmul"
-        _, matmul = weight_params(model)
+        conv, matmul = weight_params(model)
         transformer = detect_transformer(model) is not None
         del model
         requested = str(opts.get("mode", "auto")).lower()
         if requested not in ("auto", "dynamic", "static"):
             raise InputError(f"quantize: unknown mode {requested!r}", "use auto, dynamic or static")
-        points = self._points(kind, requested, matmul > 0, transformer, opts)
+        points = self._points(kind, requested, (conv > 0, matmul > 0), transformer, opts)
         ctx.log(f"{why}; {'VNNI' if vnni else 'no VNNI'} CPU; {len(points)} point(s) to search")
         if opts.get("fp16"):
             ctx.log(FP16_SKIP_REASON)
@@ -313,13 +314,15 @@ class QuantizeStage(OnnxRuntimeStage):
 
     @staticmethod
     def _points(
-        kind: str, requested: str, has_matmul: bool, transformer: bool, opts: Mapping[str, Any]
+        kind: str, requested: str, weights: tuple[bool, bool], transformer: bool, opts: Mapping[str, Any]
     ) -> list[QuantPoint]:
+        has_conv, has_matmul = weights
         per_channel = opts.get("per_channel")
         calibration = opts.get("calibration")
         points = search_space(
             kind if requested == "auto" else ("matmul" if requested == "dynamic" else "conv"),
             has_matmul_weights=has_matmul,
+            has_conv_weights=has_conv,
             transformer=transformer and bool(opts.get("fused_variant", True)),
             mode=requested,
             per_channel=None if per_channel is None else bool(per_channel),
@@ -329,7 +332,7 @@ class QuantizeStage(OnnxRuntimeStage):
             points.sort(key=lambda p: p.scope != "matmul")
         wanted = [str(p) for p in opts.get("points", [])]
         if wanted:
-            every = {p.label: p for p in _all_points(has_matmul, transformer)}
+            every = {p.label: p for p in _all_points()}
             unknown = [w for w in wanted if w not in every]
             if unknown:
                 raise InputError(
@@ -340,12 +343,9 @@ class QuantizeStage(OnnxRuntimeStage):
         return points[: int(limit)] if limit else points
 
 
-def _all_points(has_matmul: bool, transformer: bool) -> list[QuantPoint]:
-    seen: dict[str, QuantPoint] = {}
-    for kind in ("matmul", "conv"):
-        for p in search_space(kind, has_matmul_weights=True, transformer=True):
-            seen.setdefault(p.label, p)
-    return list(seen.values())
+def _all_points() -> list[QuantPoint]:
+    every = search_space("matmul", has_matmul_weights=True, has_conv_weights=True, transformer=True)
+    return list({p.label: p for p in every}.values())
 
 
 class _Search:
@@ -358,6 +358,8 @@ class _Search:
         self._prepared: dict[bool, tuple[Path, str]] = {}
         self._calibration: tuple[list[dict[str, np.ndarray]], dict[str, Any]] | None = None
         self.failure_details: dict[str, Any] = {}
+        # Nodes in float with which a point passed the gate (by its unfused form).
+        self.passed_with: dict[QuantPoint, list[str]] = {}
 
     def calibration(self) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
         if self._calibration is None:
@@ -405,9 +407,17 @@ class _Search:
                 f"{NOTHING_TO_QUANTIZE} (weights inside If/Loop subgraphs or ops it does not support)"
             )
         chosen, ranking = first, []
-        if not first.result.ok and rounds > 0:
+        twin = self.passed_with.get(_unfused(point))
+        if not first.result.ok and point.fuse_after and twin:
+            # The same quantization without fusion passed with these nodes in float: start there.
+            again = attempt(twin, "as without fusion")
+            if again is not None and again.result.ok:
+                chosen = again
+        if not chosen.result.ok and rounds > 0:
             ctx.log(f"{point.label}: accuracy gate failed ({first.result.reason}); backing off")
             chosen, ranking = self._back_off(point, quantizer, first, user_excluded, rounds, attempt)
+        if chosen.result.ok:
+            self.passed_with[_unfused(point)] = chosen.excluded
         cand = chosen.candidate
         cand.details.update(
             attempts=attempts,
@@ -431,8 +441,9 @@ class _Search:
         attempt: Any,
     ) -> tuple[_Tried, list[tuple[str, float]]]:
         """Keep the fewest, cheapest nodes in float that pass: structural groups first (the output
-        head; a transformer's late FFN down-projections), then the nodes ranked by the error they
-        add, doubling until one passes and bisecting back towards fewer."""
+        head; a transformer's late FFN down-projections; its attention projections, apart from
+        the FFN), then the nodes ranked by the error they add, doubling until one passes and
+        bisecting back towards fewer."""
         from optimize.onnx_file import read_model
 
         ctx = self.ctx
@@ -448,6 +459,7 @@ class _Search:
         groups = [("output head", output_head(model, ranked))]
         if point.mode == "dynamic" or "MatMul" in (point.op_types() or ["MatMul"]):
             groups.append(("late FFN down-projections", late_ffn_outputs(model, ranked)))
+            groups.append(("attention projections", attention_projections(model, ranked)))
         del model
 
         def out_of_time() -> bool:
@@ -495,6 +507,10 @@ class _Search:
             f"{len(passing)} passing choice(s)"
         )
         return best, ranking
+
+
+def _unfused(point: QuantPoint) -> QuantPoint:
+    return replace(point, fuse_after=False)
 
 
 def _prepare(source: Path, ctx: StageContext, static: bool) -> tuple[Path, str]:

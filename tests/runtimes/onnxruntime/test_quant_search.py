@@ -8,6 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from optimize.runtimes.onnxruntime.quant_search import (
     QuantPoint,
+    attention_projections,
     dominated_reason,
     late_ffn_outputs,
     node_costs,
@@ -25,7 +26,10 @@ def test_transformers_start_with_per_channel_dynamic_int8() -> None:
     points = search_space("matmul", has_matmul_weights=True, transformer=True)
     assert labels(points)[:3] == ["dynamic-pc-matmul", "dynamic-pc-matmul-mha", "dynamic-pt-matmul"]
     assert "qdq-pc-matmul-minmax" in labels(points)
-    assert all(p.scope == "matmul" for p in points)  # never Conv, never the all-op scope
+    assert all(p.scope == "matmul" for p in points)  # no conv weights: no conv scope
+    with_convs = search_space("matmul", has_matmul_weights=True, has_conv_weights=True, transformer=False)
+    assert labels(with_convs)[0] == "dynamic-pc-matmul"
+    assert labels(with_convs)[-6:][0] == "qdq-pc-conv-matmul-minmax"  # the other family follows
 
 
 def test_conv_nets_start_with_static_qdq_on_conv_and_matmul() -> None:
@@ -114,5 +118,6 @@ def test_back_off_groups_and_costs() -> None:
     names = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm")]
     assert output_head(model, names) == ["head"]  # reaches y through Softmax only
     assert late_ffn_outputs(model, names) == ["down1"]  # the later half's down-projection
+    assert attention_projections(model, names) == ["q0", "q1"]
     costs = node_costs(model, names)
     assert costs["up0"] == 4 * 384 * 1536 and costs["head"] == 4 * 384 * 2
