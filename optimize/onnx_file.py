@@ -412,6 +412,33 @@ def constant_values(model: onnx.ModelProto, max_elements: int | None = None) -> 
     return values
 
 
+def constants_to_initializers(model: onnx.ModelProto) -> int:
+    """Move the main graph's tensor-valued Constant nodes into initializers; how many moved.
+
+    Some exporters (paddle2onnx) keep every weight in a Constant node, where onnxruntime's
+    quantizer does not look for weights."""
+    keep = []
+    moved = 0
+    for node in model.graph.node:
+        value = (
+            next((a.t for a in node.attribute if a.name == "value"), None)
+            if node.op_type == "Constant"
+            else None
+        )
+        if value is None or len(node.output) != 1:
+            keep.append(node)
+            continue
+        tensor = type(value)()
+        tensor.CopyFrom(value)
+        tensor.name = node.output[0]
+        model.graph.initializer.append(tensor)
+        moved += 1
+    if moved:
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+    return moved
+
+
 def ensure_node_names(model: onnx.ModelProto) -> int:
     """Name unnamed or duplicate-named nodes (in place) so they can be excluded by name; returns how many."""
     seen: set[str] = set()

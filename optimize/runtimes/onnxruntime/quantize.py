@@ -71,8 +71,17 @@ DEFAULT_BACKOFF_ROUNDS = 3
 
 
 def weight_params(model: onnx.ModelProto) -> tuple[int, int]:
-    """(parameters in conv weights, parameters in matmul-like weights), read from initializer dims."""
+    """(parameters in conv weights, parameters in matmul-like weights), read from the dims of
+    initializers and Constant nodes (some exporters keep weights in the latter)."""
     sizes = {init.name: int(np.prod(init.dims)) if init.dims else 1 for init in model.graph.initializer}
+    for node in model.graph.node:
+        value = (
+            next((a.t for a in node.attribute if a.name == "value"), None)
+            if node.op_type == "Constant"
+            else None
+        )
+        if value is not None and node.output:
+            sizes[node.output[0]] = int(np.prod(value.dims)) if value.dims else 1
     conv = matmul = 0
     for node in model.graph.node:
         if len(node.input) < 2:
@@ -516,7 +525,13 @@ def _unfused(point: QuantPoint) -> QuantPoint:
 def _prepare(source: Path, ctx: StageContext, static: bool) -> tuple[Path, str]:
     """A copy with every node named (exclusion is by name); for static quantization pre-processed
     and at opset >= 13, where DequantizeLinear takes the per-channel axis."""
-    from optimize.onnx_file import ensure_node_names, file_has_external_data, read_model, save_model
+    from optimize.onnx_file import (
+        constants_to_initializers,
+        ensure_node_names,
+        file_has_external_data,
+        read_model,
+        save_model,
+    )
 
     suffix = "static" if static else "dynamic"
     notes = []
@@ -534,6 +549,8 @@ def _prepare(source: Path, ctx: StageContext, static: bool) -> tuple[Path, str]:
             notes.append(f"quant_pre_process failed, quantizing the model as is: {message_line(exc)}")
             ctx.log(notes[-1])
     model = read_model(source)
+    if moved := constants_to_initializers(model):
+        notes.append(f"{moved} Constant nodes made initializers (the quantizer reads weights there)")
     if static:
         opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
         if 0 < opset < 13:

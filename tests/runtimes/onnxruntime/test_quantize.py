@@ -357,3 +357,31 @@ def test_back_off_finds_the_node_that_quantizes_badly(tmp_path: Path) -> None:
     assert cand.details["accuracy_gate"] == "passed"
     assert cand.details["attempts"][0]["accuracy_ok"] is False
     assert op_counts(read_model(cand.model_path))["MatMulInteger"] == 2
+
+
+def test_weights_held_in_constant_nodes_are_quantized(tmp_path: Path) -> None:
+    """paddle2onnx keeps every weight in a Constant node: the stage moves them to initializers,
+    where onnxruntime's quantizer looks, and counts them when it picks the family to search first."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((32, 32)).astype(np.float32)
+    nodes = [
+        helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(w, "w")),
+        helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "consts",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+    )
+    path = tmp_path / "consts.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    from optimize.runtimes.onnxruntime.quantize import weight_params
+
+    assert weight_params(read_model(path)) == (0, 32 * 32)
+    base, ctx, _ = sample_context(path, tmp_path / "w", options={"points": [MATMUL_POINT]})
+    (cand,) = QuantizeStage().run(base, ctx)
+    assert "1 Constant nodes made initializers" in cand.details["preprocess"]
+    assert op_counts(read_model(cand.model_path))["MatMulInteger"] == 1
+    ref, got = reference(path, dict(ctx.feeds)), outputs(cand, dict(ctx.feeds))
+    assert cosine(ref["y"], got["y"]) > 0.99
