@@ -140,7 +140,10 @@ def test_calib_data_is_checked_before_any_stage_and_unused_modes_are_warned(tmp_
     assert stage.calls == 0
     good = _npz(tmp_path / "calib.npz", x=np.zeros((4, 16), np.float32))
     dynamic = prepared(tmp_path, model, '[stages.quantize]\nmode = "dynamic"\n', calib_data=good)
-    assert any(w.startswith("--calib-data is not used: quantize runs dynamic int8") for w in dynamic.warnings)
+    unused = "--calib-data is not used: quantize searches dynamic int8 only"
+    assert any(w.startswith(unused) for w in dynamic.warnings)
+    auto = prepared(tmp_path, model, '[stages.quantize]\nmode = "auto"\n', calib_data=good)
+    assert not any("--calib-data is not used" in w for w in auto.warnings)  # static points may run
     off = prepared(tmp_path, model, '[stages.quantize]\nmode = "static"\n', calib_data=good, quantize="never")
     assert "--calib-data is not used: the quantize stage is off (--quantize never)" in off.warnings
     used = prepared(tmp_path, model, '[stages.quantize]\nmode = "static"\n', calib_data=good)
