@@ -38,6 +38,7 @@ from optimize.inputs import parse_shape_args, resolve_inputs  # noqa: E402
 from optimize.runtimes import open_backend  # noqa: E402
 from optimize.serve.batcher import Batcher, BatcherConfig  # noqa: E402
 from optimize.serve.loadgen import (  # noqa: E402
+    Endpoint,
     HttpEndpoint,
     InProcessEndpoint,
     LoadSettings,
@@ -119,11 +120,18 @@ def model_alone_ms(backend: Any, feeds: dict[str, np.ndarray], runs: int) -> lis
 
 
 async def low_load(
-    model: Path, feeds: dict[str, np.ndarray], url: str, rounds: int, per_round: int
+    model: Path,
+    feeds: dict[str, np.ndarray],
+    url: str,
+    rounds: int,
+    per_round: int,
+    config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Interleave rounds of: model alone, one-at-a-time HTTP requests, one-at-a-time in-process."""
-    backend = open_backend("onnxruntime", model, SERVE_CONFIG)
-    batcher = Batcher([open_backend("onnxruntime", model, SERVE_CONFIG)], BatcherConfig())
+    """Interleave rounds of: model alone, one-at-a-time HTTP requests, one-at-a-time in-process.
+    `config`: the runtime settings the server runs the model with (the same model alone)."""
+    config = config or SERVE_CONFIG
+    backend = open_backend("onnxruntime", model, config)
+    batcher = Batcher([open_backend("onnxruntime", model, config)], BatcherConfig())
     await batcher.start(feeds)
     http = HttpEndpoint(url, "m", feeds)
     await http.open()
@@ -181,12 +189,11 @@ def _point(res: Any, percentile: float) -> dict[str, Any]:
 
 
 async def interleaved_max_qps(
-    urls: dict[str, str], feeds: dict[str, np.ndarray], slo_ms: float, percentile: float, step_s: float
+    targets: dict[str, Endpoint], slo_ms: float, percentile: float, step_s: float
 ) -> dict[str, Any]:
-    """Climb one ladder of Poisson rates (x1.26 a step) for both servers, taking turns at each
-    rate, so that both meet the same machine conditions; a server leaves the ladder after two
+    """Climb one ladder of Poisson rates (x1.26 a step) for all servers, taking turns at each
+    rate, so that all meet the same machine conditions; a server leaves the ladder after two
     failed rates in a row. Max QPS = the highest rate that met the SLO."""
-    targets = {name: HttpEndpoint(url, "m", feeds) for name, url in urls.items()}
     for target in targets.values():
         await target.open()
     try:
@@ -285,7 +292,10 @@ def main() -> None:
         )
         search = asyncio.run(
             interleaved_max_qps(
-                {"lto": lto_url, "baseline": base_url}, feeds, args.slo_ms, args.percentile, args.step_seconds
+                {"lto": HttpEndpoint(lto_url, "m", feeds), "baseline": HttpEndpoint(base_url, "m", feeds)},
+                args.slo_ms,
+                args.percentile,
+                args.step_seconds,
             )
         )
     finally:

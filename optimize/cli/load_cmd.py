@@ -37,7 +37,8 @@ EPILOG = """
 
 Open loop (--qps) measures each latency from the scheduled arrival, so queueing is never hidden.
 A run lasts --duration (30s, 2m) and at least --min-queries requests (default: ten beyond the
-percentile, 1000 for p99), or exactly --requests. Exit code: 0 when the SLO verdict passes, 1 when not.
+percentile, 1000 for p99), or exactly --requests.
+Exit code: 0 the SLO verdict passes, 1 it does not, 2 bad usage, 3 the server cannot be reached.
 """
 
 
@@ -123,7 +124,9 @@ def load(
         if report is not None:
             console.print(f"report: {report}")
     if not result["load"]["verdict"]["passed"]:
-        raise typer.Exit(1)
+        from optimize.serve.app import EXIT_SLO_MISSED
+
+        raise typer.Exit(EXIT_SLO_MISSED)
 
 
 def register(app: typer.Typer) -> None:

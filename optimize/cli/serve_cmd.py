@@ -28,8 +28,11 @@ EPILOG = """
 Protocol: KServe v2 / Open Inference Protocol (tritonclient.http, KServe SDKs, curl work):
   GET /v2/health/live | /v2/health/ready | /v2 | /v2/models/NAME | /v2/models/NAME/ready | /metrics
   POST /v2/models/NAME/infer   (JSON tensors or the binary tensor data extension)
-Answers: 400 bad input (names the input), 413 body too large, 503 overloaded (with Retry-After),
-504 deadline missed.
+Answers: 400 bad input (names the input), 408 body not sent in time,
+413 body too large, 503 overloaded (Retry-After; before the body is read),
+504 deadline missed: only requests with a deadline (`deadline_ms`, Triton's
+`timeout` in us, or --queue-timeout-ms) get it. --target-latency-ms steers
+batch sizes; it never rejects a request.
 SIGTERM or Ctrl-C drains: everything accepted is answered, then the process exits.
 """
 
@@ -39,7 +42,10 @@ MaxWaitOption = typer.Option(
     1.0, "--max-wait-ms", min=0.0, help="Longest a request waits for others to join its batch."
 )
 TargetLatencyOption = typer.Option(
-    50.0, "--target-latency-ms", min=0.001, help="Default deadline per request; batch size adapts to it."
+    50.0, "--target-latency-ms", min=0.001, help="Latency batch sizes aim for; never rejects a request."
+)
+QueueTimeoutOption = typer.Option(
+    None, "--queue-timeout-ms", min=0.001, help="Deadline for requests that bring none (default: none)."
 )
 MaxQueueOption = typer.Option(
     256, "--max-queue", min=1, help="Rows waiting beyond which requests are shed (503)."
@@ -90,8 +96,21 @@ def serve(
     target_latency_ms: float = TargetLatencyOption,
     max_queue: int = MaxQueueOption,
     instances: int = InstancesOption,
+    threads: int | None = typer.Option(
+        None, "--threads", min=1, help="ONNX Runtime intra-op threads per instance (default: cores/N)."
+    ),
     max_body_mb: float = typer.Option(
         64.0, "--max-body-mb", min=0.001, help="Largest request body accepted."
+    ),
+    queue_timeout_ms: float | None = QueueTimeoutOption,
+    max_inflight: int = typer.Option(
+        256, "--max-inflight", min=1, help="Requests in flight beyond which new ones get 503 at once."
+    ),
+    max_inflight_mb: float = typer.Option(
+        256.0, "--max-inflight-mb", min=0.001, help="Request bodies in flight beyond which: 503."
+    ),
+    read_timeout_s: float = typer.Option(
+        30.0, "--read-timeout-s", min=0.001, help="A body not received in this long: 408, closed."
     ),
     shape: list[str] = ShapeOption,
     validate: bool = typer.Option(
@@ -143,12 +162,14 @@ def serve(
         model,
         artifact,
         BatcherConfig(max_batch=max_batch, max_wait_ms=max_wait_ms, target_latency_ms=target_latency_ms,
-                      max_queue=max_queue, instances=instances),
+                      queue_timeout_ms=queue_timeout_ms, max_queue=max_queue, instances=instances),
         ServerConfig(host=host, port=port, model_name=name or "",
-                     max_body_bytes=int(max_body_mb * 1024 * 1024)),
+                     max_body_bytes=int(max_body_mb * 1024 * 1024), max_inflight=max_inflight,
+                     max_inflight_bytes=int(max_inflight_mb * 1024 * 1024), read_timeout_s=read_timeout_s),
         shapes=parse_shape_args(shape),
         validate=load_options,
         console=console,
+        threads=threads,
     )  # fmt: skip
     if code:
         raise typer.Exit(code)

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from optimize.errors import LtoError, UsageError
+from optimize.errors import LtoError, UsageError, message_line
 from optimize.runtime_model import RuntimeModel
 from optimize.serve.batcher import Batcher, BatcherConfig
 from optimize.serve.loadgen import (
@@ -26,9 +26,25 @@ from optimize.serve.loadgen import (
     load_report,
     run_load,
 )
-from optimize.serve.loading import calibration_row, open_instances, platform_of, resolve_served
+from optimize.serve.loading import (
+    calibration_row,
+    input_limits,
+    open_instances,
+    platform_of,
+    resolve_served,
+)
 from optimize.serve.server import RunningServer, ServerConfig, serve_until_signal
 from optimize.units import percentile_label
+
+# `lto load` exit codes: 0 the SLO verdict passed, 1 it did not, 2 bad usage, 3 no server.
+EXIT_SLO_MISSED = 1
+EXIT_UNREACHABLE = 3
+
+
+class ServerUnreachable(LtoError):
+    """`lto load URL` found nothing answering there: not the same as a server that is too slow."""
+
+    exit_code = EXIT_UNREACHABLE
 
 
 class Console(Protocol):
@@ -70,12 +86,19 @@ class LoadOptions:
 
 
 def _open(
-    served: RuntimeModel, config: BatcherConfig, shapes: dict[str, tuple[int, ...]], console: Console
+    served: RuntimeModel,
+    config: BatcherConfig,
+    shapes: dict[str, tuple[int, ...]],
+    console: Console,
+    threads: int | None = None,
 ) -> tuple[Batcher, dict[str, np.ndarray] | None]:
     for warning in served.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
-    backends = open_instances(served, config.instances)
+    backends = open_instances(served, config.instances, threads)
     batcher = Batcher(backends, config)
+    limits = input_limits(served)
+    batcher.value_limits = limits.value_limits
+    batcher.max_sequence = limits.max_sequence
     row, why = calibration_row(served, backends[0], shapes)
     if why:
         console.print(f"[yellow]note:[/] {why}")
@@ -93,12 +116,13 @@ def run_serve(
     shapes: dict[str, tuple[int, ...]],
     validate: LoadOptions | None,
     console: Console,
+    threads: int | None = None,
 ) -> int:
     """Serve until SIGTERM; with `validate`, run `lto load` against ourselves and return its verdict."""
     served = resolve_served(model, artifact, server_config.model_name or None)
     server_config.model_name = served.label
     server_config.platform = platform_of(served)
-    batcher, row = _open(served, batcher_config, shapes, console)
+    batcher, row = _open(served, batcher_config, shapes, console, threads)
 
     def announce(running: RunningServer) -> Awaitable[int] | None:
         lat = batcher.latency
@@ -173,8 +197,10 @@ async def _remote_target(
                 if resp.status != 200:
                     raise UsageError(f"{base} has no model {model!r} (HTTP {resp.status})", "check --model")
                 meta = await resp.json(content_type=None)
-    except aiohttp.ClientError as exc:
-        raise LtoError(f"cannot reach {base}: {exc}", "start it with `lto serve` or check the URL") from None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise ServerUnreachable(
+            f"cannot reach {base}: {message_line(exc)}", "start it with `lto serve` or check the URL"
+        ) from None
     specs = []
     for item in meta.get("inputs", []):
         dtype = V2_TO_NUMPY.get(item["datatype"])
@@ -182,7 +208,13 @@ async def _remote_target(
             raise UsageError(
                 f"input {item['name']!r} has datatype {item['datatype']}, which lto load cannot generate"
             )
-        specs.append(TensorSpec(item["name"], dtype, tuple(d if d >= 0 else None for d in item["shape"])))
+        # lto serve names dynamic dims (not in the protocol), so `--shape sequence=128` works.
+        names = item.get("lto_dim_names") or [None] * len(item["shape"])
+        dims = tuple(
+            d if d >= 0 else (n if isinstance(n, str) else None)
+            for d, n in zip(item["shape"], names, strict=False)
+        )
+        specs.append(TensorSpec(item["name"], dtype, dims))
     spec, feeds = resolve_inputs("remote-model", shapes, input_data, seed=seed, batch=1, specs=specs)
     return HttpEndpoint(base, model, feeds), spec.to_json()
 

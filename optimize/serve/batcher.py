@@ -55,9 +55,17 @@ class Overloaded(ServeError):
 
 
 class DeadlineExceeded(ServeError):
-    """The request's deadline can no longer be met, so it is not run late."""
+    """The request's deadline can no longer be met, so it is not run late.
+
+    Only requests with a deadline (sent by the client, or the server's --queue-timeout-ms) ever
+    get this; `queue_ms` is how long it waited and `needs_ms` the predicted model time."""
 
     kind = "timeout"
+
+    def __init__(self, message: str, queue_ms: float = 0.0, needs_ms: float = 0.0) -> None:
+        super().__init__(message)
+        self.queue_ms = queue_ms
+        self.needs_ms = needs_ms
 
 
 class ModelFailure(ServeError):
@@ -70,8 +78,10 @@ class ModelFailure(ServeError):
 class BatcherConfig:
     max_batch: int = 32
     max_wait_ms: float = 1.0
-    # Default deadline of a request, from arrival; a request may set its own.
+    # What batch sizes aim for (a batch may take half of it); it steers, it never rejects.
     target_latency_ms: float = 50.0
+    # A deadline for requests that bring none (Triton's default queue timeout); None: no deadline.
+    queue_timeout_ms: float | None = None
     # Bound on rows waiting in the queue; beyond it requests are shed.
     max_queue: int = 256
     instances: int = 1
@@ -89,6 +99,8 @@ class BatcherConfig:
             raise UsageError("--max-wait-ms cannot be negative")
         if self.target_latency_ms <= 0:
             raise UsageError("--target-latency-ms must be positive")
+        if self.queue_timeout_ms is not None and not (0 < self.queue_timeout_ms < math.inf):
+            raise UsageError("--queue-timeout-ms must be a positive number")
         if self.max_queue < 1:
             raise UsageError("--max-queue must be at least 1")
         if self.instances < 1:
@@ -233,7 +245,8 @@ class _Pending:
     bucket: int | None
     key: tuple[Any, ...]
     work: float
-    deadline: float
+    deadline: float  # hard: math.inf unless the client or --queue-timeout-ms set one
+    target: float  # soft: when the batch should leave to keep to --target-latency-ms
     enqueued: float
     future: asyncio.Future[InferResult]
     seq: int = 0
@@ -320,6 +333,10 @@ class Batcher:
         self.max_rows = self.config.max_batch if self.signature.batchable else 1
         self.latency = LatencyModel()
         self.on_batch = on_batch
+        # Input name -> values must lie in [0, limit) (embedding table rows); found by the loader.
+        self.value_limits: dict[str, int] = {}
+        # Longest sequence (axis 1 of token inputs) the model's position table covers.
+        self.max_sequence: int | None = None
         self._executors = [
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lto-model-{i}")
             for i in range(len(backends))
@@ -443,7 +460,33 @@ class Batcher:
                     f"token inputs disagree on the sequence length (axis 1): {lengths}",
                     "give ids and mask the same length",
                 )
+        self.check_values(feeds)
         return n
+
+    def check_values(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Token ids beyond the vocabulary, token types beyond their table and sequences beyond
+        the position table fail inside the model, and would fail every request batched with
+        them: refuse them here, before batching, naming the input."""
+        for name, limit in self.value_limits.items():
+            arr = feeds.get(name)
+            if arr is None or not arr.size or arr.dtype.kind not in "iu":
+                continue
+            low, high = int(arr.min()), int(arr.max())
+            if low < 0 or high >= limit:
+                bad = low if low < 0 else high
+                raise InputError(
+                    f"input {name!r} has value {bad}, outside [0, {limit}) (the rows of its embedding table)",
+                    "check the tokenizer matches this model",
+                )
+        if self.max_sequence is not None:
+            for name in self.value_limits or self.signature.seq_inputs:
+                arr = feeds.get(name)
+                if arr is not None and arr.ndim >= 2 and arr.shape[1] > self.max_sequence:
+                    raise InputError(
+                        f"input {name!r} has {arr.shape[1]} positions, the model's position table has "
+                        f"{self.max_sequence}",
+                        f"truncate sequences to {self.max_sequence} tokens",
+                    )
 
     async def submit(
         self,
@@ -453,11 +496,13 @@ class Batcher:
     ) -> InferResult:
         """Queue one request (already checked with `check_request`) and wait for its outputs.
 
-        The deadline counts from `arrived` (a time.monotonic() value, e.g. when the HTTP
-        request came in), by default from now.
+        A request has a deadline only when it brings one (`deadline_ms`) or the batcher has a
+        `queue_timeout_ms` (Triton's rule); it counts from `arrived` (a time.monotonic() value),
+        by default from now, i.e. from when the request was decoded and queued.
+        `target_latency_ms` only steers when batches leave and how big they grow.
 
         Raises Overloaded at once when the queue is full or the batcher is draining,
-        DeadlineExceeded when the deadline can no longer be met, ModelFailure when the run fails.
+        DeadlineExceeded when a deadline can no longer be met, ModelFailure when the run fails.
         """
         if not self._accepting:
             raise Overloaded("the server is shutting down", retry_after_s=1)
@@ -466,14 +511,14 @@ class Batcher:
         if self._queued_rows + rows > self.config.max_queue:
             raise Overloaded(
                 f"queue full ({self._queued_rows} rows waiting, limit {self.config.max_queue})",
-                retry_after_s=self._retry_after_s(),
+                retry_after_s=self.retry_after_s(),
             )
         now = time.monotonic()
         if self._last_arrival is not None:
             gap = now - self._last_arrival
             self._gap_s = gap if self._gap_s is None else 0.9 * self._gap_s + 0.1 * gap
         self._last_arrival = now
-        budget = self.config.target_latency_ms if deadline_ms is None else float(deadline_ms)
+        budget = self.config.queue_timeout_ms if deadline_ms is None else float(deadline_ms)
         if self._ref_elems is None:
             self._ref_elems = _elements(feeds) / max(1, rows)
         seq_len = bucket = None
@@ -484,11 +529,14 @@ class Batcher:
         work = rows * self._row_elems_padded(feeds, rows, seq_len, bucket) / self._ref_elems
         future: asyncio.Future[InferResult] = asyncio.get_running_loop().create_future()
         start = now if arrived is None else arrived
-        req = _Pending(feeds, rows, seq_len, bucket, key, work, start + budget / 1e3, now, future)
+        deadline = math.inf if budget is None else start + budget / 1e3
+        target = min(deadline, now + self.config.target_latency_ms / 1e3)
+        req = _Pending(feeds, rows, seq_len, bucket, key, work, deadline, target, now, future)
         req.seq = next(self._counter)
         self._queues.setdefault(key, deque()).append(req)
         self._key_rows[key] = self._key_rows.get(key, 0) + rows
-        heapq.heappush(self._deadlines, (req.deadline, req.seq, req))
+        if deadline < math.inf:
+            heapq.heappush(self._deadlines, (req.deadline, req.seq, req))
         self._queued_rows += rows
         assert self._idle is not None
         self._idle.clear()
@@ -524,7 +572,8 @@ class Batcher:
     def _work(self, feeds: Mapping[str, np.ndarray]) -> float:
         return _elements(feeds) / (self._ref_elems or 1.0)
 
-    def _retry_after_s(self) -> int:
+    def retry_after_s(self) -> int:
+        """Seconds a shed client should wait: the predicted time to clear the backlog, at least 1."""
         backlog_ms = self.latency.predict(self._queued_rows * 1.0) / max(1, len(self.backends))
         return max(1, math.ceil(backlog_ms / 1e3))
 
@@ -590,14 +639,19 @@ class Batcher:
             if not req.queued:
                 heapq.heappop(self._deadlines)
                 continue
-            if now + (self.latency.predict(req.work) if self.latency.n else 0.0) / 1e3 <= deadline:
+            needs = self.latency.predict(req.work) if self.latency.n else 0.0
+            if now + needs / 1e3 <= deadline:
                 break
             heapq.heappop(self._deadlines)
             self._remove(req)
             if not req.future.done():
                 waited = (now - req.enqueued) * 1e3
                 req.future.set_exception(
-                    DeadlineExceeded(f"deadline missed: waited {waited:.1f} ms, the model needs longer")
+                    DeadlineExceeded(
+                        f"deadline missed: queued {waited:.1f} ms, the model needs {needs:.1f} ms",
+                        queue_ms=waited,
+                        needs_ms=needs,
+                    )
                 )
                 self.requests_answered += 1
 
@@ -628,16 +682,19 @@ class Batcher:
             # Arrivals are further apart than the whole wait: waiting would add latency and
             # most likely gain no company. (At low load this makes the batcher cost nothing.)
             return batch, now
-        earliest = min(r.deadline for r in batch)
-        # Latest start that still meets the earliest deadline if one more row joins.
+        earliest = min(r.target for r in batch)
+        # Latest start that still meets the earliest target if one more row joins.
         grown = (rows + 1) * row_work
         latest = earliest - self.latency.upper(grown) / 1e3 if self.latency.n else earliest
         leave_at = min(batch[0].enqueued + self.config.max_wait_ms / 1e3, latest)
         return batch, leave_at
 
     def _shrink(self, batch: list[_Pending], now: float) -> list[_Pending]:
-        """Drop requests from the tail until the batch's predicted end meets all its deadlines."""
-        while len(batch) > 1 and self.latency.n:
+        """Drop requests from the tail until the batch's predicted end meets all its deadlines.
+
+        Only hard deadlines count: shrinking for a missed target would cut batches to one row
+        exactly when load is highest, and throughput with them."""
+        while len(batch) > 1 and self.latency.n and min(r.deadline for r in batch) < math.inf:
             work = sum(r.work for r in batch)
             if now + self.latency.upper(work) / 1e3 <= min(r.deadline for r in batch):
                 break
@@ -657,7 +714,7 @@ class Batcher:
             for queue in self._queues.values():
                 batch, leave_at = self._plan(queue, now)
                 if leave_at <= now:
-                    earliest = min(r.deadline for r in batch)
+                    earliest = min(r.target for r in batch)
                     if best is None or earliest < best[0]:
                         best = (earliest, batch)
                 else:
@@ -708,11 +765,17 @@ class Batcher:
         try:
             outs, t_asm, t_run, t_end, work = future.result()
             model_ms = (t_end - t_run) * 1e3
-            self.latency.observe(work, model_ms)
-            ok = True
+            ok = not any(isinstance(out, BaseException) for out in outs)
+            if ok:  # a batch re-run one by one after a failure says nothing about batch latency
+                self.latency.observe(work, model_ms)
             for req, out in zip(live, outs, strict=True):
                 if req.future.done():
                     continue  # the caller went away
+                if isinstance(out, BaseException):
+                    message = f"the model failed on this request: {message_line(out)}"
+                    req.future.set_exception(ModelFailure(message))
+                    self.requests_answered += 1
+                    continue
                 req.future.set_result(
                     InferResult(
                         outputs=out,
@@ -725,7 +788,7 @@ class Batcher:
                 )
                 self.requests_answered += 1
         except Exception as exc:
-            # One failing batch answers each of its requests with the error; the server lives on.
+            # Assembling or splitting failed: every request of the batch gets the error.
             message = message_line(exc)
             for req in live:
                 if not req.future.done():
@@ -744,8 +807,35 @@ class Batcher:
 
     def _execute(
         self, instance: int, batch: list[_Pending]
+    ) -> tuple[list[dict[str, np.ndarray] | BaseException], float, float, float, float]:
+        """On the instance's thread: run the batch; when it fails, run its requests one by one,
+        so that only the request that fails gets the error. Returns outputs (or the error of
+        each request) and timestamps."""
+        try:
+            split, t_asm, t_run, t_end, work = self._execute_batch(instance, batch)
+            return list(split), t_asm, t_run, t_end, work
+        except Exception as exc:
+            if len(batch) == 1:
+                return [exc], *self._no_times()
+        outs: list[dict[str, np.ndarray] | BaseException] = []
+        t_asm = time.monotonic()
+        for req in batch:
+            try:
+                outs.append(self._execute_batch(instance, [req])[0][0])
+            except Exception as exc:
+                outs.append(exc)
+        t_end = time.monotonic()
+        return outs, t_asm, t_asm, t_end, 0.0
+
+    @staticmethod
+    def _no_times() -> tuple[float, float, float, float]:
+        now = time.monotonic()
+        return now, now, now, 0.0
+
+    def _execute_batch(
+        self, instance: int, batch: list[_Pending]
     ) -> tuple[list[dict[str, np.ndarray]], float, float, float, float]:
-        """On the instance's thread: assemble, run, split. Returns outputs and timestamps."""
+        """Assemble, run, split."""
         t_asm = time.monotonic()
         bucket = batch[0].bucket
         if len(batch) == 1 and (bucket is None or batch[0].seq_len == bucket):

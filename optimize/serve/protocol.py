@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from optimize.errors import InputError
 from optimize.runtimes.base import TensorSpec
@@ -69,8 +70,9 @@ def _json_header(body: bytes, header_length: int | None) -> tuple[dict[str, Any]
     else:
         head, rest = view, view[len(body) :]
     try:
-        obj = json.loads(bytes(head))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        # orjson: strict JSON (no NaN/Infinity), a nesting limit instead of a RecursionError.
+        obj = orjson.loads(head)
+    except orjson.JSONDecodeError as exc:
         raise InputError(
             f"malformed JSON in the request: {exc}", "send a KServe v2 inference request"
         ) from None
@@ -98,7 +100,9 @@ def decode_request(body: bytes, header_length: int | None, inputs: Sequence[Tens
         if name in feeds:
             raise InputError(f"input {name!r} is given twice")
         shape = item.get("shape")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
             raise InputError(f"input {name!r} needs a 'shape' list of non-negative integers, got {shape!r}")
         datatype = item.get("datatype")
         want = v2_datatype(spec.dtype)
@@ -160,6 +164,8 @@ def decode_request(body: bytes, header_length: int | None, inputs: Sequence[Tens
             if not isinstance(out, dict) or not isinstance(out.get("name"), str):
                 raise InputError("every entry of 'outputs' needs a 'name'")
             out_params = out.get("parameters") or {}
+            if not isinstance(out_params, dict):
+                raise InputError(f"output {out['name']!r}: 'parameters' must be an object")
             outputs[out["name"]] = bool(out_params.get("binary_data", binary_default))
     deadline = _deadline_ms(params)
     request_id = obj.get("id")
@@ -176,12 +182,38 @@ def _deadline_ms(params: Mapping[str, Any]) -> float | None:
         value, scale, label = params["timeout"], 1e-3, "timeout"
     else:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise InputError(f"parameter {label!r} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise InputError(f"parameter {label!r} must be a positive finite number, got {value!r}")
     return float(value) * scale
 
 
+# JSON value types each tensor kind accepts: numpy would turn null into NaN, "1.5" into 1.5 and
+# true into 1, silently; the protocol's JSON tensors are numbers (booleans for BOOL) only.
+_JSON_TYPES: dict[str, tuple[type, ...]] = {"b": (bool,), "i": (int,), "u": (int,), "f": (int, float)}
+
+
+def _strict_kind(name: str, data: list[Any], dtype: np.dtype[Any], depth: int) -> None:
+    """Raise unless `data` is a list nested at most `depth` deep of the JSON type `dtype` takes."""
+    allowed = set(_JSON_TYPES.get(dtype.kind, (int, float)))
+    stack: list[tuple[list[Any], int]] = [(data, 1)]
+    while stack:
+        values, level = stack.pop()
+        kinds = set(map(type, values))  # one C-speed pass per innermost list
+        if list in kinds:
+            if level >= max(depth, 1):
+                raise InputError(f"input {name!r}: data is nested deeper than its shape")
+            stack.extend((v, level + 1) for v in values if isinstance(v, list))
+            kinds.discard(list)
+        if kinds - allowed:
+            bad = next(v for v in values if type(v) not in allowed and not isinstance(v, list))
+            want = "true/false" if dtype.kind == "b" else "integers" if dtype.kind in "iu" else "numbers"
+            raise InputError(f"input {name!r}: data holds {json.dumps(bad)[:40]}, {dtype.name} needs {want}")
+
+
 def _json_tensor(name: str, data: Any, dtype: np.dtype[Any], shape: list[int], count: int) -> np.ndarray:
+    if not isinstance(data, list):
+        data = [data]
+    _strict_kind(name, data, dtype, len(shape))
     try:
         array = np.asarray(data, dtype=dtype)
     except (ValueError, TypeError, OverflowError):
@@ -250,16 +282,31 @@ def encode_response(
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
-            flat = array.reshape(-1)
-            entry["data"] = flat.astype(np.float32).tolist() if flat.dtype == np.float16 else flat.tolist()
+            entry["data"] = _json_data(array)
         entries.append(entry)
     obj: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": entries}
     if request.request_id is not None:
         obj["id"] = request.request_id
-    head = json.dumps(obj).encode()
+    # orjson: 5-10x faster than json on large tensors; non-finite values are strings by now.
+    head = orjson.dumps(obj)
     if not chunks:
         return head, None
     return head + b"".join(chunks), len(head)
+
+
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def _json_data(array: np.ndarray) -> list[Any]:
+    """A tensor as a flat JSON list. Non-finite floats become the strings "NaN", "Infinity" and
+    "-Infinity" (bare NaN is not JSON; numpy and tritonclient read these strings back)."""
+    flat = array.reshape(-1)
+    if flat.dtype.kind != "f":
+        return flat.tolist()
+    values = flat.astype(np.float32).tolist() if flat.dtype == np.float16 else flat.tolist()
+    if np.isfinite(flat).all():
+        return values
+    return [v if math.isfinite(v) else _NON_FINITE[str(v)] for v in values]
 
 
 def check_requested_outputs(request: InferRequest, output_specs: Sequence[TensorSpec]) -> None:

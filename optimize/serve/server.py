@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from optimize import __version__
-from optimize.errors import InputError
+from optimize.errors import InputError, first_line
 from optimize.serve.batcher import Batcher, BatchStats, DeadlineExceeded, ModelFailure, Overloaded
 from optimize.serve.protocol import (
     HEADER_LENGTH,
+    InferRequest,
     check_requested_outputs,
     decode_request,
     encode_response,
@@ -48,7 +53,22 @@ _LATENCY_BUCKETS = (
     5.0,
 )
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-OUTCOMES = ("ok", "bad_request", "too_large", "not_found", "overloaded", "timeout", "error")
+OUTCOMES = (
+    "ok",
+    "bad_request",
+    "too_large",
+    "not_found",
+    "overloaded",
+    "timeout",
+    "read_timeout",
+    "disconnected",
+    "error",
+)
+# Bodies above this are decoded on a worker thread: a 3 MB JSON tensor takes tens of ms to
+# parse, which on the event loop would stall every other request for as long.
+DECODE_OFF_LOOP_BYTES = 64 * 1024
+
+log = logging.getLogger("lto.serve")
 
 
 @dataclass
@@ -59,6 +79,12 @@ class ServerConfig:
     model_version: str = "1"
     max_body_bytes: int = 64 * 1024 * 1024
     platform: str = "onnxruntime_onnx"
+    # Admission control, checked before a body is read: requests and body bytes in flight
+    # (admitted and not yet answered). Beyond either, 503 with Retry-After at once.
+    max_inflight: int = 256
+    max_inflight_bytes: int = 256 * 1024 * 1024
+    # A client that has not sent its whole body after this long is answered 408 and closed.
+    read_timeout_s: float = 30.0
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -115,6 +141,13 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
+def _shed(message: str, retry_after_s: int) -> web.Response:
+    """503 before the body is read. The connection stays open: aiohttp then reads the body
+    in chunks and drops them (nothing is kept), which costs less than the client opening a
+    new connection for every retry, and a client still sending sees the 503 at once."""
+    return _error(503, message, {"Retry-After": str(retry_after_s)})
+
+
 def _server_timing(phases: dict[str, float], batch_rows: int) -> str:
     parts = [f"{name};dur={ms:.3f}" for name, ms in phases.items()]
     parts.append(f'rows;desc="{batch_rows}"')
@@ -130,10 +163,38 @@ class InferenceServer:
         self.metrics = Metrics(batcher)
         batcher.on_batch = self.metrics.on_batch
         self.ready = False
+        self.inflight = 0
+        self.inflight_bytes = 0
+        self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lto-decode")
+
+    def close(self) -> None:
+        self._decoder.shutdown(wait=False)
+
+    @web.middleware
+    async def _errors_as_json(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Every answer is a JSON body, as tritonclient expects; no exception reaches aiohttp
+        (which would log a traceback and answer text): it becomes a counted, logged 500."""
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            if exc.status == 404:
+                self._count("not_found")
+            message = f"{exc.reason}: {request.method} {request.path}"
+            return _error(exc.status, message, {k: v for k, v in exc.headers.items() if k == "Allow"})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._count("error")
+            log.error("internal error on %s %s: %s", request.method, request.path, first_line(exc))
+            return _error(500, f"internal error: {first_line(exc)}")
 
     def app(self) -> web.Application:
         # client_max_size makes aiohttp refuse larger bodies while reading them (413).
-        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._errors_as_json])
         model = "/v2/models/{model}"
         app.router.add_get("/v2/health/live", self.live)
         app.router.add_get("/v2/health/ready", self.server_ready)
@@ -186,7 +247,13 @@ class InferenceServer:
                 "versions": [self.config.model_version],
                 "platform": self.config.platform,
                 "inputs": [
-                    {"name": s.name, "datatype": v2_datatype(s.dtype), "shape": v2_shape(s.shape)}
+                    {
+                        "name": s.name,
+                        "datatype": v2_datatype(s.dtype),
+                        "shape": v2_shape(s.shape),
+                        # Not in the protocol: dim names, so `lto load --shape sequence=128` works.
+                        "lto_dim_names": [d if isinstance(d, str) else None for d in s.shape],
+                    }
                     for s in sig.inputs
                 ],
                 "outputs": [
@@ -212,58 +279,156 @@ class InferenceServer:
     def _count(self, outcome: str) -> None:
         self.metrics.requests.labels(outcome).inc()
 
-    async def infer(self, request: web.Request) -> web.Response:
-        t0 = time.monotonic()
+    def _admit(self, request: web.Request) -> web.Response | None:
+        """Admission control before the body is read: bounded requests and bytes in flight."""
+        limit = self.config.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            self._count("too_large")
+            response = _error(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")
+            response.force_close()
+            return response
+        if not self.batcher.accepting:
+            self._count("overloaded")
+            return _shed("the server is shutting down", 1)
+        # A chunked body of unknown length may grow to the body limit: reserve that much.
+        size = length if length is not None else limit
+        if self.inflight >= self.config.max_inflight:
+            self._count("overloaded")
+            return _shed(
+                f"overloaded: {self.inflight} requests in flight (limit {self.config.max_inflight})",
+                self.batcher.retry_after_s(),
+            )
+        if self.inflight and self.inflight_bytes + size > self.config.max_inflight_bytes:
+            self._count("overloaded")
+            return _shed(
+                f"overloaded: {self.inflight_bytes} body bytes in flight "
+                f"(limit {self.config.max_inflight_bytes})",
+                self.batcher.retry_after_s(),
+            )
+        return None
+
+    async def infer(self, request: web.Request) -> web.StreamResponse:
         if (err := self._model_error(request)) is not None:
             self._count("not_found")
             return err
-        limit = self.config.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            self._count("too_large")
-            return _error(
-                413, f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes"
-            )
+        if (refused := self._admit(request)) is not None:
+            return refused
+        size = request.content_length if request.content_length is not None else self.config.max_body_bytes
+        self.inflight += 1
+        self.inflight_bytes += size
         try:
-            body = await request.read()
+            return await self._infer(request)
+        except asyncio.CancelledError:
+            # The client hung up (aiohttp cancels its handler): nobody to answer; a queued
+            # request leaves the batcher's queue. A count, not a traceback.
+            self._count("disconnected")
+            raise
+        finally:
+            self.inflight -= 1
+            self.inflight_bytes -= size
+
+    async def _read_body(self, request: web.Request) -> bytes | web.StreamResponse:
+        limit = self.config.max_body_bytes
+        try:
+            async with asyncio.timeout(self.config.read_timeout_s):
+                return await request.read()
         except web.HTTPRequestEntityTooLarge:
             self._count("too_large")
-            return _error(413, f"request body exceeds the limit of {limit} bytes")
+            response = _error(413, f"request body exceeds the limit of {limit} bytes")
+            response.force_close()
+            return response
+        except TimeoutError:
+            self._count("read_timeout")
+            response = _error(408, f"the request body did not arrive within {self.config.read_timeout_s:g} s")
+            response.force_close()
+            # Send it and close now: aiohttp would otherwise linger, waiting for the rest.
+            await response.prepare(request)
+            await response.write_eof()
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        except (ConnectionError, aiohttp.ClientPayloadError, HttpProcessingError) as exc:
+            # The client went away mid-body: nobody to answer, nothing to log but a count.
+            self._count("disconnected")
+            log.debug("client disconnected while sending the body: %s", first_line(exc))
+            response = web.Response(status=499)
+            response.force_close()
+            return response
+
+    def _decode(self, body: bytes, header_length: int | None) -> InferRequest:
+        sig = self.batcher.signature
+        parsed = decode_request(body, header_length, sig.inputs)
+        check_requested_outputs(parsed, sig.outputs)
+        self.batcher.check_request(parsed.feeds, full=False)
+        return parsed
+
+    @staticmethod
+    def _json_elements(parsed: InferRequest, outputs: dict[str, Any]) -> int:
+        """Numbers the response carries as JSON text (binary outputs cost no encoding)."""
+        if parsed.outputs is None:
+            return 0 if parsed.binary_default else sum(int(v.size) for v in outputs.values())
+        return sum(int(outputs[name].size) for name, binary in parsed.outputs.items() if not binary)
+
+    async def _infer(self, request: web.Request) -> web.StreamResponse:
+        t0 = time.monotonic()
+        body = await self._read_body(request)
+        if not isinstance(body, bytes):
+            return body
+        t_read = time.monotonic()
         try:
             header = request.headers.get(HEADER_LENGTH)
             try:
                 header_length = int(header) if header is not None else None
             except ValueError:
                 raise InputError(f"{HEADER_LENGTH} must be an integer, got {header!r}") from None
-            sig = self.batcher.signature
-            parsed = decode_request(body, header_length, sig.inputs)
-            check_requested_outputs(parsed, sig.outputs)
-            self.batcher.check_request(parsed.feeds, full=False)
+            json_bytes = len(body) if header_length is None else header_length
+            if json_bytes > DECODE_OFF_LOOP_BYTES:
+                # Large JSON: parse on a worker so the loop keeps serving binary requests.
+                loop = asyncio.get_running_loop()
+                parsed = await loop.run_in_executor(self._decoder, self._decode, body, header_length)
+            else:
+                parsed = self._decode(body, header_length)
         except InputError as exc:
             self._count("bad_request")
             return _error(400, exc.one_line())
+        del body
         t_decoded = time.monotonic()
+        # A deadline counts from here, decoded and queued (Triton's rule), not from arrival.
         try:
-            result = await self.batcher.submit(parsed.feeds, parsed.deadline_ms, arrived=t0)
+            result = await self.batcher.submit(parsed.feeds, parsed.deadline_ms, arrived=t_decoded)
         except Overloaded as exc:
             self._count("overloaded")
             return _error(503, exc.message, {"Retry-After": str(exc.retry_after_s)})
         except DeadlineExceeded as exc:
             self._count("timeout")
-            return _error(504, exc.message)
+            return _error(
+                504,
+                f"deadline of {parsed.deadline_ms or self.batcher.config.queue_timeout_ms:g} ms missed: "
+                f"read {(t_read - t0) * 1e3:.1f} ms, decode {(t_decoded - t_read) * 1e3:.1f} ms, "
+                f"queue {exc.queue_ms:.1f} ms, and the model needs {exc.needs_ms:.1f} ms",
+            )
         except ModelFailure as exc:
             self._count("error")
             return _error(500, exc.message)
         t_result = time.monotonic()
-        payload, head_len = encode_response(
+        encode_args = (
             self.config.model_name,
             self.config.model_version,
             parsed,
             result.outputs,
             self.batcher.signature.outputs,
         )
+        if self._json_elements(parsed, result.outputs) * 20 > DECODE_OFF_LOOP_BYTES:
+            # Large JSON outputs (~20 bytes a number) are written on the worker too.
+            loop = asyncio.get_running_loop()
+            payload, head_len = await loop.run_in_executor(self._decoder, encode_response, *encode_args)
+        else:
+            payload, head_len = encode_response(*encode_args)
         t_done = time.monotonic()
         phases = {
-            "decode": (t_decoded - t0) * 1e3,
+            "read": (t_read - t0) * 1e3,
+            "decode": (t_decoded - t_read) * 1e3,
             "queue": result.queue_ms,
             "batch": result.batch_ms,
             "model": result.model_ms,
@@ -293,6 +458,7 @@ class RunningServer:
         self.server.ready = False
         await self.server.batcher.drain()
         await self.runner.cleanup()
+        self.server.close()
 
 
 async def start_server(
@@ -303,7 +469,8 @@ async def start_server(
     """Calibrate the batcher, bind the socket, and return once the server answers requests."""
     await batcher.start(sample_row or None)
     server = InferenceServer(batcher, config)
-    runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=30.0)
+    # handler_cancellation: a client that hangs up takes its request out of the queue.
+    runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=30.0, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()

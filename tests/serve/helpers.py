@@ -19,7 +19,8 @@ class SleepBackend(Backend):
     """y = 2x + 1 and s = row sums of x[batch, 4], after sleeping `base_ms + per_row_ms * rows`.
 
     Records the rows of every call. `gate` (a threading.Event) blocks calls until set, to hold a
-    batch in flight; `fail_rows` makes a call with that many rows raise.
+    batch in flight; `fail_rows` makes a call with that many rows raise, `poison` a call with
+    that value anywhere in x (like a token id beyond the vocabulary).
     """
 
     kind: ClassVar[str] = "fake"
@@ -31,6 +32,7 @@ class SleepBackend(Backend):
         batchable: bool = True,
         gate: threading.Event | None = None,
         fail_rows: int | None = None,
+        poison: float | None = None,
     ) -> None:
         super().__init__("fake.onnx", {})
         self.base_ms = base_ms
@@ -38,6 +40,7 @@ class SleepBackend(Backend):
         self.batchable = batchable
         self.gate = gate
         self.fail_rows = fail_rows
+        self.poison = poison
         self.calls: list[int] = []
         self.lock = threading.Lock()
 
@@ -58,6 +61,8 @@ class SleepBackend(Backend):
             self.calls.append(x.shape[0])
         if self.fail_rows is not None and x.shape[0] == self.fail_rows:
             raise RuntimeError(f"injected failure on a batch of {x.shape[0]}")
+        if self.poison is not None and bool((x == self.poison).any()):
+            raise RuntimeError(f"injected failure: x holds {self.poison}")
         time.sleep((self.base_ms + self.per_row_ms * x.shape[0]) / 1e3)
         return {"y": x * 2 + 1, "s": x.sum(axis=1)}
 

@@ -45,5 +45,6 @@ def test_validate_echoes_the_complete_load_command(monkeypatch: pytest.MonkeyPat
     assert argv[1:3] == ["-m", "optimize"] and argv[3:] == words[1:]
     # and the echoed flags are ones `lto load` accepts: it gets as far as dialling the server
     proc = run_lto(*words[1:], timeout=60)
-    assert proc.returncode == 1, (proc.returncode, proc.stderr)
-    assert "cannot reach" in proc.stderr
+    # exit code 3, "unreachable", not 1, "SLO missed"
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    assert "cannot reach" in proc.stderr and "Traceback" not in proc.stderr

@@ -292,22 +292,76 @@ def test_drain_answers_everything_accepted_and_refuses_new_requests() -> None:
     assert refused is not None and "shutting down" in refused.message
 
 
-def test_a_failing_batch_answers_its_requests_with_the_error_and_the_next_batch_runs() -> None:
+def test_a_failing_batch_is_rerun_one_by_one_so_only_the_bad_request_fails() -> None:
+    backend = SleepBackend(base_ms=1, poison=-1.0)
+
+    async def main() -> list[Any]:
+        batcher = Batcher([backend], BatcherConfig(max_batch=4, max_wait_ms=LONG, target_latency_ms=LONG))
+        await batcher.start()
+        feeds = [x(1, 1), x(1, 2), {"x": np.full((1, 4), -1.0, np.float32)}, x(1, 3)]
+        results = await asyncio.gather(*(batcher.submit(f) for f in feeds), return_exceptions=True)
+        await batcher.drain()
+        return results
+
+    results = run(main())
+    assert backend.calls == [4, 1, 1, 1, 1]  # the batch, then each request alone
+    bad = results[2]
+    assert isinstance(bad, ModelFailure) and "holds -1.0" in bad.message
+    for i, value in ((0, 1), (1, 2), (3, 3)):
+        np.testing.assert_array_equal(results[i].outputs["y"], x(1, value)["x"] * 2 + 1)
+
+
+def test_a_batch_that_fails_only_as_a_batch_succeeds_request_by_request() -> None:
     backend = SleepBackend(base_ms=1, fail_rows=2)
 
-    async def main() -> tuple[list[Any], Any]:
+    async def main() -> list[Any]:
         batcher = Batcher([backend], BatcherConfig(max_batch=2, max_wait_ms=LONG, target_latency_ms=LONG))
         await batcher.start()
-        failed = await asyncio.gather(*(batcher.submit(x(1)) for _ in range(2)), return_exceptions=True)
-        batcher.config.max_batch = 1
-        batcher.max_rows = 1
-        after = await batcher.submit(x(1, 5))
+        results = await asyncio.gather(*(batcher.submit(x(1, v)) for v in (4, 5)), return_exceptions=True)
         await batcher.drain()
-        return failed, after
+        return results
 
-    failed, after = run(main())
-    assert all(isinstance(f, ModelFailure) and "injected failure" in f.message for f in failed)
-    np.testing.assert_array_equal(after.outputs["y"], x(1, 5)["x"] * 2 + 1)
+    results = run(main())
+    assert backend.calls == [2, 1, 1]
+    for result, value in zip(results, (4, 5), strict=True):
+        np.testing.assert_array_equal(result.outputs["y"], x(1, value)["x"] * 2 + 1)
+
+
+def test_target_latency_steers_but_never_rejects() -> None:
+    """Triton's rule: no deadline unless the request (or --queue-timeout-ms) sets one. A
+    target far below the model time still answers every request."""
+    backend = SleepBackend(base_ms=30)
+
+    async def main() -> list[Any]:
+        batcher = Batcher([backend], BatcherConfig(max_batch=2, max_wait_ms=0, target_latency_ms=1))
+        await batcher.start()
+        results = await asyncio.gather(*(batcher.submit(x(1, v)) for v in range(6)), return_exceptions=True)
+        await batcher.drain()
+        return results
+
+    results = run(main())
+    assert not [r for r in results if isinstance(r, BaseException)]
+
+
+def test_queue_timeout_gives_requests_without_their_own_a_deadline() -> None:
+    gate = threading.Event()
+    backend = SleepBackend(base_ms=1, gate=gate)
+
+    async def main() -> tuple[Any, Any]:
+        config = BatcherConfig(max_batch=1, max_wait_ms=0, target_latency_ms=LONG, queue_timeout_ms=50)
+        batcher = Batcher([backend], config)
+        await batcher.start()
+        first = asyncio.ensure_future(batcher.submit(x(1)))  # holds the only instance
+        await asyncio.sleep(0.01)
+        second = await asyncio.gather(batcher.submit(x(1, 2)), return_exceptions=True)
+        gate.set()
+        done = await first
+        await batcher.drain()
+        return done, second[0]
+
+    first, second = run(main())
+    np.testing.assert_array_equal(first.outputs["y"], x(1)["x"] * 2 + 1)
+    assert isinstance(second, DeadlineExceeded) and second.queue_ms >= 40
 
 
 def test_model_with_fixed_batch_runs_one_request_per_call() -> None:

@@ -272,7 +272,7 @@ def test_lto_load_drives_an_artifact_in_process(tmp_path: Path) -> None:
 def test_lto_load_and_serve_refuse_bad_targets_with_one_line(tmp_path: Path) -> None:
     from tests.cli_helpers import assert_clean_error
 
-    assert_clean_error(run_lto("load", "http://127.0.0.1:9", "--requests", "5"), 1, "cannot reach")
+    assert_clean_error(run_lto("load", "http://127.0.0.1:9", "--requests", "5"), 3, "cannot reach")
     assert_clean_error(run_lto("load", tmp_path / "missing.onnx", "--requests", "5"), 2, "model not found")
     assert_clean_error(run_lto("serve"), 2, "give a MODEL.onnx or --artifact")
     model = make_matmul_model(tmp_path / "m.onnx")

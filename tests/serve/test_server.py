@@ -80,7 +80,9 @@ def test_health_metadata_and_ready() -> None:
         meta = await (await client.get("/v2")).json()
         assert meta["name"] == "lto" and "binary_tensor_data" in meta["extensions"]
         model = await (await client.get("/v2/models/m")).json()
-        assert model["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+        assert model["inputs"] == [
+            {"name": "x", "datatype": "FP32", "shape": [-1, 4], "lto_dim_names": ["batch", None]}
+        ]
         assert [o["name"] for o in model["outputs"]] == ["y", "s"]
         assert (await client.get("/v2/models/m/ready")).status == 200
         assert (await client.get("/v2/models/m/versions/1/ready")).status == 200
@@ -132,8 +134,29 @@ BAD_REQUESTS: list[tuple[str, Any, dict[str, str], str]] = [
      "'x' has shape [1, 5], the model expects 4 on axis 1"),
     ("wrong element count", {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": [0] * 5}]},
      {}, "'x' has 5 elements, shape [2, 4] needs 8"),
-    ("non-numeric data", {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": ["a"] * 4}]},
-     {}, "'x': data is not"),
+    ("string data", {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": ["1.5"] * 4}]},
+     {}, "'x': data holds \"1.5\", float32 needs numbers"),
+    ("null data", {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, None, 4]}]},
+     {}, "'x': data holds null"),
+    ("boolean data", {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, True, 3]}]},
+     {}, "'x': data holds true"),
+    ("ragged data", {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [[1, 2], [3]]}]},
+     {}, "'x': data is not a (nested) list"),
+    ("data deeper than shape", {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                            "data": [[[1, 2, 3, 4]]]}]}, {}, "nested deeper than its shape"),
+    ("boolean in shape", {"inputs": [{"name": "x", "shape": [True, 4], "datatype": "FP32", "data": [0] * 4}]},
+     {}, "needs a 'shape' list of non-negative integers"),
+    ("JSON nested 1000 deep", b'{"inputs": ' + b"[" * 1000 + b"]" * 1000 + b"}", {}, "needs a 'name'"),
+    ("JSON nested 5000 deep", b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}", {}, "malformed JSON"),
+    ("NaN in data", b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", '
+     b'"data": [NaN, 1, 2, 3]}]}', {}, "malformed JSON"),
+    ("NaN deadline", b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0, 1]}], '
+     b'"parameters": {"deadline_ms": NaN}}', {}, "malformed JSON"),
+    ("infinite deadline", b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", '
+     b'"data": [0, 1, 2, 3]}], "parameters": {"deadline_ms": 1e999}}', {},
+     "number is infinity"),
+    ("output parameters not an object", {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+     "data": [0] * 4}], "outputs": [{"name": "y", "parameters": [1]}]}, {}, "'parameters' must be an object"),
     ("unknown output", {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0] * 4}],
                         "outputs": [{"name": "nope"}]}, {}, "unknown output 'nope'"),
     ("binary size mismatch", "binary", {}, "'x' has 12 bytes of data"),

