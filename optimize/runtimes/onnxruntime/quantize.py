@@ -310,8 +310,8 @@ class QuantizeStage(OnnxRuntimeStage):
                 continue
             if not found.result.ok:
                 tried[point] = "inaccurate"
-                kept = len(found.excluded)
-                why_not = f"inaccurate: {found.result.reason} (best of the back-off: {kept} node(s) in float)"
+                tries = len(found.candidate.details.get("attempts", [])) - 1
+                why_not = f"inaccurate: {found.result.reason} (no back-off choice passed, {tries} tried)"
                 ctx.note_point(label, "rejected", why_not, found.candidate.details)
                 continue
             yield found.candidate
