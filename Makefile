@@ -6,8 +6,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # Extras installed by `make install`: dev tools, the TVM stack (its stage is tested), and
 # TensorRT-RTX, which builds TensorRT engines without a GPU so the build path is tested too; the
-# corpus extra, for the real models the demo and the corpus tests run on.
-EXTRAS ?= dev,tvm,tensorrt-rtx,corpus
+# corpus extra, for the real models the demo and the corpus tests run on; OpenVINO (+ NNCF), the
+# second CPU runtime, whose stages and tests run on every machine.
+EXTRAS ?= dev,tvm,tensorrt-rtx,corpus,openvino
 
 .PHONY: install demo test lint format samples corpus corpus-bench clean
 

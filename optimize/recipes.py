@@ -83,11 +83,28 @@ STAGE_OPTIONS: dict[str, dict[str, Any]] = {
         "calib_data": str,  # .npz path; --calib-data sets it
         "calib_samples": int,
         "per_channel": bool,
-        "quant_format": ("qdq", "qoperator"),
+        "points": list,  # search exactly these points, in order (labels like "dynamic-pc-matmul")
+        "max_points": int,
         "max_backoff_rounds": int,
         "exclude_nodes": list,
         "fp16": bool,
         "fused_variant": bool,
+    },
+    "openvino-convert": {
+        "bf16": bool,  # also propose bf16 where the CPU has native bf16 (avx512_bf16 / amx_bf16)
+        "search_threads": bool,  # physical cores vs all logical CPUs, on a CPU with SMT
+        "search_pinning": bool,  # CPU pinning on vs off, measured
+        "threads": int,
+    },
+    "openvino-quantize": {
+        "calib_data": str,  # .npz path; --calib-data sets it
+        "calib_samples": int,
+        "preset": ("auto", "performance", "mixed"),
+        "smooth_quant": ("auto", "on", "off"),
+        "max_backoff_rounds": int,
+        "exclude_nodes": list,  # OpenVINO node names kept in float
+        "bf16": bool,  # also propose the int8 IR with its float parts at bf16
+        "threads": int,
     },
     # The stage declares its own options (it validates them again when it runs).
     "tvm-tune": dict(TVM_TUNE_OPTIONS),

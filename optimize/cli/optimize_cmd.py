@@ -34,6 +34,7 @@ EPILOG = """
   lto optimize model.onnx --tvm --tvm-trials 200 --tvm-target x86-64-v3
   lto optimize model.onnx --tvm --rpc-tracker 127.0.0.1:9190 --rpc-key cpu  [dim](measure on a fleet)[/]
   lto optimize model.onnx --enable tensorrt-build --shape input_ids=1x128:8x128:32x128
+  lto optimize model.onnx --runtime openvino   [dim](OpenVINO candidates only)[/]
   lto optimize yolo.onnx --calib-data calib.npz --eval-data eval.npz --accuracy 'detection>=0.95'
   lto optimize asr.onnx --task-metric logits=ctc --metric wer.py:score --eval-data speech.npz
 
@@ -46,7 +47,8 @@ EPILOG = """
 
 [bold]Output[/]
 
-  DIR/model.onnx      the optimized model (+ its external data)
+  DIR/model.onnx      the optimized model (+ its external data); an OpenVINO winner is
+                      DIR/model.xml + model.bin (IR), its compile settings in the manifest
   DIR/manifest.json   runtime config, sha256 of every file, CPU requirements
   DIR/report.json     the shared report schema; DIR/report.md for people
   -o replaces only an empty folder or an artifact lto wrote (--force: also one that looks
@@ -125,6 +127,13 @@ def optimize_command(
     ),
     disable: list[str] = typer.Option(
         [], "--disable", help="Turn off a stage (repeatable).", metavar="STAGE"
+    ),
+    runtime: str = typer.Option(
+        "auto",
+        "--runtime",
+        help="CPU runtime of the candidates: auto (ONNX Runtime and OpenVINO, the faster accurate one "
+        "wins), onnxruntime, or openvino. The baseline is always the original on ONNX Runtime.",
+        metavar="RUNTIME",
     ),
     tvm: bool = typer.Option(False, "--tvm", help="Same as --enable tvm-tune."),
     tvm_target: str | None = typer.Option(
@@ -223,6 +232,7 @@ def optimize_command(
         accuracy=thresholds,
         task_metrics=_task_metric_flags(task_metric),
         metric=metric,
+        runtime=runtime,
     )
     request.validate()
     with _RichProgress(show_rows=not json_out) as progress:

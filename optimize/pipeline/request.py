@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 PERCENTILES = ("p50", "p90", "p95", "p99")
 QUANTIZE_MODES = ("auto", "always", "never")
+# --runtime: which CPU runtime's stages make candidates (auto: every one, chosen by measurement).
+RUNTIME_CHOICES = ("auto", "onnxruntime", "openvino")
+# Stages that quantize, whatever the runtime: --quantize and --calib-data apply to each.
+QUANTIZE_STAGES = ("quantize", "openvino-quantize")
 
 
 @dataclass
@@ -57,6 +61,7 @@ class OptimizeRequest:
     accuracy: str | dict[str, Any] = field(default_factory=dict)
     task_metrics: dict[str, str] = field(default_factory=dict)  # output -> metric (--task-metric)
     metric: str | None = None  # --metric FILE.py:FUNCTION
+    runtime: str = "auto"  # --runtime: auto | onnxruntime | openvino
 
     def validate(self) -> None:
         if self.target_ms is not None and not (self.target_ms > 0 and math.isfinite(self.target_ms)):
@@ -68,6 +73,8 @@ class OptimizeRequest:
             )
         if self.quantize not in QUANTIZE_MODES:
             raise UsageError(f"--quantize {self.quantize!r}", f"choose one of: {', '.join(QUANTIZE_MODES)}")
+        if self.runtime not in RUNTIME_CHOICES:
+            raise UsageError(f"--runtime {self.runtime!r}", f"choose one of: {', '.join(RUNTIME_CHOICES)}")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise UsageError("--time-budget must be positive")
         if self.batch is not None and self.batch < 1:
@@ -213,8 +220,9 @@ def apply_overrides(recipe: Recipe, request: OptimizeRequest) -> list[str]:
     if trt is not None and request.shape_ranges:
         trt.options["shapes"] = list(request.shape_ranges)
         notes.append("tensorrt-build profile ranges from --shape: " + ", ".join(request.shape_ranges))
-    quant = recipe.stage("quantize")
-    if quant is not None:
+    for quant in (recipe.stage(name) for name in QUANTIZE_STAGES):
+        if quant is None:
+            continue
         if request.quantize == "never":
             quant.enabled = False
         elif request.quantize == "always":
@@ -222,6 +230,7 @@ def apply_overrides(recipe: Recipe, request: OptimizeRequest) -> list[str]:
             quant.run_when = "always"
         if request.calib_data is not None:
             quant.options["calib_data"] = str(Path(request.calib_data).absolute())
+    notes += _apply_runtime(recipe, request)
     overrides = request.accuracy_overrides()
     if overrides:
         from optimize.recipes import parse_thresholds
@@ -238,9 +247,38 @@ def apply_overrides(recipe: Recipe, request: OptimizeRequest) -> list[str]:
     return notes
 
 
+def _other_runtime(stage: str, request: OptimizeRequest) -> str | None:
+    """The CPU runtime `stage` makes candidates for, when --runtime picked another one."""
+    from optimize.runtimes import CPU_RUNTIMES, STAGE_RUNTIMES
+
+    runtime = STAGE_RUNTIMES.get(stage)
+    if request.runtime == "auto" or runtime not in CPU_RUNTIMES or runtime == request.runtime:
+        return None
+    return runtime
+
+
+def _apply_runtime(recipe: Recipe, request: OptimizeRequest) -> list[str]:
+    """--runtime onnxruntime|openvino: turn off the stages that make the other runtime's candidates."""
+    off = [spec for spec in recipe.stages if _other_runtime(spec.name, request)]
+    for spec in off:
+        if spec.name in request.enable:
+            raise UsageError(
+                f"--enable {spec.name} makes {_other_runtime(spec.name, request)} candidates, "
+                f"and --runtime {request.runtime} rules them out",
+                "drop one of the two flags",
+            )
+        spec.enabled = False
+    if not off:
+        return []
+    return [f"--runtime {request.runtime}: {', '.join(s.name for s in off)} off"]
+
+
 def stage_disabled_reason(spec: StageSpec, request: OptimizeRequest, recipe: Recipe) -> str:
-    if spec.name == "quantize" and request.quantize == "never":
+    if spec.name in QUANTIZE_STAGES and request.quantize == "never":
         return "--quantize never"
+    other = _other_runtime(spec.name, request)
+    if other:
+        return f"--runtime {request.runtime} (this stage makes {other} candidates)"
     if spec.name in request.disable:
         return "disabled with --disable"
     return f"disabled in recipe {recipe.name} (turn on with --enable {spec.name})"

@@ -25,6 +25,7 @@ BACKENDS: dict[str, str] = {
     "onnxruntime-trt": "optimize.runtimes.onnxruntime.gpu_backend:OrtTensorrtBackend",
     "tensorrt": "optimize.runtimes.tensorrt.backend:TensorrtBackend",
     "tvm": "optimize.runtimes.tvm.backend:TvmBackend",
+    "openvino": "optimize.runtimes.openvino.backend:OpenVinoBackend",
 }
 
 # stage name -> "module:Class", in the order a full recipe runs them.
@@ -33,9 +34,27 @@ STAGES: dict[str, str] = {
     "operator-fusion": "optimize.runtimes.onnxruntime.operator_fusion:OperatorFusionStage",
     "memory-layout": "optimize.runtimes.onnxruntime.memory_layout:MemoryLayoutStage",
     "quantize": "optimize.runtimes.onnxruntime.quantize:QuantizeStage",
+    "openvino-convert": "optimize.runtimes.openvino.convert:OpenVinoConvertStage",
+    "openvino-quantize": "optimize.runtimes.openvino.quantize:OpenVinoQuantizeStage",
     "tvm-tune": "optimize.runtimes.tvm.tune_stage:TvmTuneStage",
     "tensorrt-build": "optimize.runtimes.tensorrt.build_stage:TensorrtBuildStage",
 }
+
+
+# stage name -> the runtime its candidates run on (`lto optimize --runtime` turns stages on and
+# off by it without importing them).
+STAGE_RUNTIMES: dict[str, str] = {
+    "graph-fusion": "onnxruntime",
+    "operator-fusion": "onnxruntime",
+    "memory-layout": "onnxruntime",
+    "quantize": "onnxruntime",
+    "openvino-convert": "openvino",
+    "openvino-quantize": "openvino",
+    "tvm-tune": "tvm",
+    "tensorrt-build": "tensorrt",
+}
+# The CPU runtimes `--runtime` chooses between (auto: all of them, measured).
+CPU_RUNTIMES = ("onnxruntime", "openvino")
 
 
 def backend_class(kind: str) -> type[Backend]:
@@ -88,4 +107,14 @@ def load_stage(name: str) -> Stage:
         raise StageSkipped(exc.one_line()) from exc
 
 
-__all__ = ["BACKENDS", "STAGES", "Backend", "TensorSpec", "backend_class", "load_stage", "open_backend"]
+__all__ = [
+    "BACKENDS",
+    "CPU_RUNTIMES",
+    "STAGES",
+    "STAGE_RUNTIMES",
+    "Backend",
+    "TensorSpec",
+    "backend_class",
+    "load_stage",
+    "open_backend",
+]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,12 @@ from optimize.runtime_model import RuntimeModel, resolve_model
 from optimize.runtimes.base import Backend
 
 # Protocol "platform" names clients know, by lto backend kind.
-PLATFORMS = {"onnxruntime": "onnxruntime_onnx", "tvm": "tvm", "tensorrt": "tensorrt_plan"}
+PLATFORMS = {
+    "onnxruntime": "onnxruntime_onnx",
+    "tvm": "tvm",
+    "tensorrt": "tensorrt_plan",
+    "openvino": "openvino",
+}
 
 
 def platform_of(model: RuntimeModel) -> str:
@@ -35,14 +41,20 @@ def resolve_served(
     return served
 
 
-def open_instances(served: RuntimeModel, instances: int) -> list[Backend]:
-    """Load the model `instances` times; ONNX Runtime instances split the cores between them."""
+def open_instances(served: RuntimeModel, instances: int, threads: int | None = None) -> list[Backend]:
+    """Load the model `instances` times; ONNX Runtime instances split the cores between them,
+    or use `threads` intra-op threads each when given."""
     from optimize.env import check_thread_count
     from optimize.runtimes import open_backend
 
     # Each instance runs in its own thread: bounded like any thread count, before loading any.
     check_thread_count(instances, "--instances", minimum=1)
     config = dict(served.runtime_config)
+    if threads is not None:
+        if served.backend != "onnxruntime":
+            raise UsageError(f"--threads applies to ONNX Runtime models, not {served.backend}")
+        check_thread_count(threads, "--threads", minimum=1)
+        config["intra_op_num_threads"] = threads
     if served.backend == "onnxruntime" and instances > 1 and not config.get("intra_op_num_threads"):
         from optimize.env import physical_cores
 
@@ -85,3 +97,50 @@ def calibration_row(
         return None, f"no calibration ({exc.one_line()}); the latency model learns from the first batches"
     fixed = {s.name for s in backend.inputs if s.shape and isinstance(s.shape[0], int)}
     return {k: v if k in fixed or not v.ndim else np.ascontiguousarray(v[:1]) for k, v in feeds.items()}, None
+
+
+@dataclass
+class InputLimits:
+    """What a request's values may be, read from the model's embedding tables."""
+
+    # Input name -> values must lie in [0, limit): rows of the table it indexes.
+    value_limits: dict[str, int] = field(default_factory=dict)
+    # Rows of the position table: the longest sequence the model takes.
+    max_sequence: int | None = None
+
+
+def _onnx_source(served: RuntimeModel) -> Path | None:
+    """The ONNX graph behind the served model: the model itself, or the one in its artifact."""
+    if served.model_path.suffix == ".onnx":
+        return served.model_path
+    if served.artifact_dir is not None:
+        return next(iter(sorted(Path(served.artifact_dir).glob("*.onnx"))), None)
+    return None
+
+
+def input_limits(served: RuntimeModel) -> InputLimits:
+    """Vocabulary and token-type tables (as optimize.inputs finds them for generated inputs) and
+    the position table: an embedding whose indices the graph computes (a Range or Slice over
+    positions), named as exporters name it. Empty when the model has none or cannot be read."""
+    from optimize.inputs import embedding_vocab_sizes
+    from optimize.onnx_file import load_model
+
+    path = _onnx_source(served)
+    if path is None:
+        return InputLimits()
+    try:
+        vocab = embedding_vocab_sizes(path)
+        model = load_model(path, load_external_data=False)
+    except Exception:  # a limit we cannot read is a check we skip, never a server that won't start
+        return InputLimits()
+    tables = {i.name: int(i.dims[0]) for i in model.graph.initializer if len(i.dims) == 2}
+    inputs = {v.name for v in model.graph.input}
+    positions = [
+        tables[node.input[0]]
+        for node in model.graph.node
+        if node.op_type == "Gather"
+        and node.input[0] in tables
+        and "position" in node.input[0].lower()
+        and node.input[1] not in inputs
+    ]
+    return InputLimits(vocab, min(positions) if positions else None)

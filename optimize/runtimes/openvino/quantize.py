@@ -1,0 +1,313 @@
+"""`openvino-quantize`: NNCF post-training int8 of the model as an OpenVINO IR, accuracy-gated, with
+back-off through NNCF's IgnoredScope driven by a sensitivity ranking.
+
+* Calibration: the user's --calib-data (the same loader as ONNX Runtime's quantize stage), else
+  generated inputs with a WARNING in the report.
+* Transformers (attention found in the graph: Softmax between MatMuls) are quantized with
+  `model_type=TRANSFORMER`, which keeps LayerNorm/Softmax-side ops in float and applies
+  SmoothQuant to MatMul inputs; `smooth_quant` = "off" turns it off, "on" forces it.
+* NNCF's default PTQ breaks some models (shared/notes/openvino.md: a text recognizer at cos
+  0.865, a detector's class scores). When the pipeline's gate (ctx.check_accuracy) fails, the
+  quantized nodes are ranked by the error each adds itself, and the most harmful are kept in
+  float, more on each retry (10 %, 20 %, 40 % ...), within `max_backoff_rounds` and the deadline.
+* Before any node goes back to float, the quantized IR is checked with the CPU plugin's fused
+  subgraphs off (SNIPPETS_MODE=DISABLE, backend.py says why): on an AMX Xeon they broke NNCF's
+  int8 MiniLM (token cosine 0.31) that is accurate without them (0.995).
+* The accepted IR is proposed at the f32 hint and, on a CPU with native bf16, at the bf16 hint
+  for its float parts too; the pipeline's gate and bench decide between them.
+
+Options: calib_data, calib_samples, preset (auto|performance|mixed), smooth_quant (auto|on|off),
+max_backoff_rounds, exclude_nodes (OpenVINO node names), bf16.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import nncf  # a missing package skips the stage with its name (runtimes.load_stage)
+import numpy as np
+import openvino as ov
+
+from optimize.accuracy import AccuracyResult
+from optimize.errors import InputError, LtoError, message_line
+from optimize.runtimes.onnxruntime.quant_sensitivity import backoff_sizes
+from optimize.runtimes.onnxruntime.quantize import generated_calibration, load_calibration
+from optimize.runtimes.openvino.convert import thread_choices
+from optimize.runtimes.openvino.ir import (
+    candidate,
+    gated,
+    precision_hints,
+    runtime_config,
+    source_model,
+    without_snippets,
+    worst_cosine,
+    write_ir,
+)
+from optimize.runtimes.openvino.sensitivity import attention_matmuls, quantized_nodes, rank_sensitive_nodes
+from optimize.stage import Candidate, Stage, StageContext, StageSkipped
+
+DEFAULT_CALIB_SAMPLES = 16
+DEFAULT_BACKOFF_ROUNDS = 3
+_QUANTIZED_ONNX_OPS = frozenset(
+    {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
+)
+_WEIGHT_ONNX_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
+
+
+def is_transformer(op_types: Mapping[str, int]) -> bool:
+    """Attention in the graph: a Softmax with MatMuls around it (the pattern NNCF's
+    ModelType.TRANSFORMER is made for, whatever the inputs are: token ids or image patches)."""
+    return op_types.get("Softmax", 0) > 0 and op_types.get("MatMul", 0) >= 2
+
+
+@dataclass
+class _Trial:
+    """One quantization the stage tried, and the pipeline gate's verdict on it."""
+
+    step: str
+    settings: dict[str, Any]
+    excluded: list[str]
+    snippets: bool
+    candidate: Candidate
+    result: AccuracyResult
+    quantized: Any  # the ov.Model NNCF returned
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """NNCF draws progress bars and logs freely; keep them off lto's progress display."""
+    nncf_logger = logging.getLogger("nncf")
+    level = nncf_logger.level
+    nncf_logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        nncf_logger.setLevel(level)
+
+
+class OpenVinoQuantizeStage(Stage):
+    name: ClassVar[str] = "openvino-quantize"
+    description: ClassVar[str] = "OpenVINO int8 with NNCF post-training quantization, accuracy-gated"
+
+    def skip_reason(self, candidate_in: Candidate, ctx: StageContext) -> str | None:
+        from optimize.onnx_file import op_counts, read_model
+
+        source, _ = source_model(candidate_in, ctx)
+        ops = {op.rpartition(":")[2] for op in op_counts(read_model(source, load_external_data=False))}
+        if ops & _QUANTIZED_ONNX_OPS:
+            return "the model is already quantized"
+        if not ops & _WEIGHT_ONNX_OPS:
+            return "no MatMul, Gemm or Conv to quantize"
+        return None
+
+    def run(self, candidate_in: Candidate, ctx: StageContext) -> list[Candidate]:
+        from optimize.onnx_file import op_counts, read_model
+
+        source, why = source_model(candidate_in, ctx)
+        ops = {op.rpartition(":")[2]: n for op, n in op_counts(read_model(source, False)).items()}
+        transformer = is_transformer(ops)
+        float_model = ov.Core().read_model(str(source))
+        samples, calibration = self._calibration(ctx)
+        settings = self._settings(ctx.options, transformer)
+        ctx.log(
+            f"NNCF int8 of {why}: "
+            + ("transformer (attention found)" if transformer else "no attention: default model type")
+            + f", {len(samples)} calibration samples ({calibration['source']})"
+        )
+        threads = thread_choices(ctx.options)[0]
+        user_excluded = [str(n) for n in ctx.options.get("exclude_nodes", [])]
+        rounds = int(ctx.options.get("max_backoff_rounds", DEFAULT_BACKOFF_ROUNDS))
+        attempts: list[dict[str, Any]] = []
+        tried: list[_Trial] = []
+
+        def trial(step: str, trial_settings: dict[str, Any], excluded: list[str], snippets: bool) -> _Trial:
+            """Quantize (or reuse an IR quantized the same way), then ask the pipeline's gate."""
+            same = next((t for t in tried if t.settings == trial_settings and t.excluded == excluded), None)
+            if same is not None:
+                quantized, ir = same.quantized, same.candidate.model_path
+            else:
+                quantized = self._quantize(float_model, samples, trial_settings, excluded)
+                ir = write_ir(quantized, ctx.workdir / f"int8-{len(tried)}", source)
+            nodes = quantized_nodes(quantized)
+            if not nodes:
+                raise StageSkipped("NNCF found nothing to quantize in this model")
+            details = {"source": why, "calibration": calibration, "nncf": nncf.__version__, **trial_settings}
+            cand = candidate(
+                f"{self.name}:int8",
+                ir,
+                precision="int8",
+                precision_hint="f32",
+                config=runtime_config("f32", threads),
+                details={**details, "quantized_nodes": len(nodes), "excluded_nodes": list(excluded)},
+            )
+            if not snippets:
+                why_off = next((t.result.reason for t in tried if t.snippets and t.excluded == excluded), "")
+                cand = without_snippets(cand, f"with them on it failed the accuracy gate ({why_off})")
+            result = ctx.check_accuracy(cand)
+            done = _Trial(step, dict(trial_settings), list(excluded), snippets, cand, result, quantized)
+            tried.append(done)
+            attempts.append(
+                {"step": step, "excluded": len(excluded), "snippets": snippets, **_gate_summary(result)}
+            )
+            how = f"{len(excluded)} node(s) in float" + ("" if snippets else ", fused subgraphs off")
+            ctx.log(f"int8 {step} ({how}): {'pass' if result.ok else 'fail: ' + result.reason}")
+            return done
+
+        def optional(step: str, trial_settings: dict[str, Any], excluded: list[str], snippets: bool) -> None:
+            """A later rung: its failure is recorded and the ladder goes on from the best so far."""
+            try:
+                trial(step, trial_settings, excluded, snippets)
+            except Exception as exc:
+                error = exc.one_line() if isinstance(exc, LtoError) else message_line(exc)
+                attempts.append({"step": step, "error": error})
+                ctx.log(f"int8 {step}: failed: {error}")
+
+        def best() -> _Trial:
+            passing = [t for t in tried if t.result.ok]
+            return passing[0] if passing else max(tried, key=lambda t: worst_cosine(t.result))
+
+        def out_of_time() -> bool:
+            return ctx.deadline is not None and time.monotonic() >= ctx.deadline
+
+        # The ladder, cheapest and fastest-running first, stopping at the first accurate model:
+        # NNCF's defaults; transformers: SmoothQuant the other way, then attention's own MatMuls
+        # (activation x activation) in float; the CPU plugin's fused subgraphs off (same IR);
+        # then nodes back to float by the error they add.
+        trial("defaults", settings, user_excluded, True)
+        if not best().result.ok and transformer and ctx.options.get("smooth_quant", "auto") == "auto":
+            toggled = {**settings, "smooth_quant": "off" if settings["smooth_quant"] == "on" else "on"}
+            optional(f"smooth_quant {toggled['smooth_quant']}", toggled, user_excluded, True)
+        if not best().result.ok and transformer and not out_of_time():
+            attention = [n for n in attention_matmuls(float_model) if n not in user_excluded]
+            if attention:
+                optional("attention MatMuls in float", best().settings, [*user_excluded, *attention], True)
+        if not best().result.ok and not out_of_time():
+            top = best()
+            optional("fused subgraphs off", top.settings, top.excluded, False)
+        ranking: list[tuple[str, float]] = []
+        if not best().result.ok and rounds > 0 and not out_of_time():
+            top = best()
+            ctx.log(f"int8: still inaccurate ({top.result.reason}); ranking nodes by the error they add")
+            probe = [*samples[:4], dict(ctx.feeds)]
+            ranking = rank_sensitive_nodes(float_model, top.quantized, probe)
+            ranked = [name for name, _ in ranking if name not in top.excluded]
+            for index, size in enumerate(backoff_sizes(len(ranked), rounds), start=1):
+                if out_of_time():
+                    attempts.append({"step": f"back-off {index}", "skipped": "stage deadline reached"})
+                    break
+                optional(f"back-off {index}", top.settings, [*top.excluded, *ranked[:size]], top.snippets)
+                if best().result.ok:
+                    break
+        chosen = best()
+        cand, result = chosen.candidate, chosen.result
+        if ranking:
+            cand.details["sensitivity"] = [
+                {"node": n, "added_rel_error": round(e, 6)} for n, e in ranking[:10]
+            ]
+        snippets_off = [] if chosen.snippets else [str(cand.details["snippets"]).removeprefix("off: ")]
+        cand.details["attempts"] = attempts
+        cand.details["accuracy_gate"] = "passed" if result.ok else "failed"
+        out = [cand]
+        if "bf16" in precision_hints(ctx.options):
+            # The same int8 IR with its float parts (softmax, norms, unquantized nodes) at bf16.
+            own = ("runtime", "precision_hint", "cpu_isa_any", "snippets")
+            details = {k: v for k, v in cand.details.items() if k not in own}
+            bf16 = candidate(
+                f"{self.name}:int8-bf16",
+                cand.model_path,
+                precision="int8+bf16",
+                precision_hint="bf16",
+                config=runtime_config("bf16", threads),
+                details=details,
+            )
+            if snippets_off:
+                bf16 = without_snippets(bf16, snippets_off[0])
+            elif result.ok:  # bf16 may need them off where f32 did not
+                bf16 = gated(bf16, ctx)[0]
+            out.append(bf16)
+        return out
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _calibration(self, ctx: StageContext) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
+        count = int(ctx.options.get("calib_samples", DEFAULT_CALIB_SAMPLES))
+        source = ctx.options.get("calib_data")
+        if source is not None:
+            samples = load_calibration(source, ctx.feeds)
+            origin = str(source) if not isinstance(source, (list, tuple)) else "list"
+            return samples, {"source": origin, "samples": len(samples)}
+        ctx.log(
+            f"WARNING: calibrating NNCF int8 on {count} generated inputs (no --calib-data); activation "
+            "ranges from synthetic data may not match real inputs. Pass --calib-data FILE.npz."
+        )
+        return generated_calibration(ctx, count), {"source": "generated", "samples": count}
+
+    @staticmethod
+    def _settings(options: Mapping[str, Any], transformer: bool) -> dict[str, Any]:
+        preset = str(options.get("preset", "auto"))
+        smooth = str(options.get("smooth_quant", "auto"))
+        if preset not in ("auto", "performance", "mixed"):
+            raise InputError(f"openvino-quantize: unknown preset {preset!r}", "use auto, performance, mixed")
+        if smooth not in ("auto", "on", "off"):
+            raise InputError(f"openvino-quantize: unknown smooth_quant {smooth!r}", "use auto, on or off")
+        if preset == "auto":
+            # NNCF's own choice: symmetric (performance) for CNNs, mixed for transformers, whose
+            # activations are not centred on zero.
+            preset = "mixed" if transformer else "performance"
+        if smooth == "auto":
+            smooth = "on" if transformer else "off"
+        return {
+            "model_type": "transformer" if transformer else "default",
+            "preset": preset,
+            "smooth_quant": smooth,
+        }
+
+    @staticmethod
+    def _quantize(
+        model: Any, samples: list[dict[str, np.ndarray]], settings: Mapping[str, Any], excluded: list[str]
+    ) -> Any:
+        from nncf.quantization.advanced_parameters import (
+            AdvancedQuantizationParameters,
+            AdvancedSmoothQuantParameters,
+        )
+
+        kwargs: dict[str, Any] = {
+            "subset_size": len(samples),
+            "preset": nncf.QuantizationPreset.MIXED
+            if settings["preset"] == "mixed"
+            else nncf.QuantizationPreset.PERFORMANCE,
+        }
+        if settings["model_type"] == "transformer":
+            kwargs["model_type"] = nncf.ModelType.TRANSFORMER
+        # SmoothQuant: NNCF applies it to transformers' MatMuls (alpha 0.95); -1 turns it off.
+        alpha = 0.95 if settings["smooth_quant"] == "on" else -1
+        kwargs["advanced_parameters"] = AdvancedQuantizationParameters(
+            smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=alpha)
+        )
+        if excluded:
+            kwargs["ignored_scope"] = nncf.IgnoredScope(names=list(excluded))
+        try:
+            with _quiet():
+                return nncf.quantize(model, nncf.Dataset(samples), **kwargs)
+        except nncf.ValidationError as exc:  # e.g. an exclude_nodes name the model does not have
+            raise InputError(f"openvino-quantize: {message_line(exc)}") from exc
+
+
+def _gate_summary(result: AccuracyResult) -> dict[str, Any]:
+    worst = min((m.get("cosine", 1.0) for m in result.per_output.values()), default=None)
+    summary: dict[str, Any] = {"accuracy_ok": result.ok}
+    if worst is not None:
+        summary["worst_cosine"] = round(float(worst), 6)
+    if result.reason:
+        summary["reason"] = result.reason
+    return summary
+
+
+__all__ = ["OpenVinoQuantizeStage", "is_transformer"]
