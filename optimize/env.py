@@ -20,7 +20,18 @@ ISA_FLAGS_OF_INTEREST = (
     "avx_vnni", "amx_tile", "amx_int8", "amx_bf16", "asimd", "sve", "i8mm", "bf16",
 )  # fmt: skip
 
-PACKAGES = ("lto-onnx", "onnx", "onnxruntime", "numpy", "apache-tvm", "tensorrt", "tensorrt-rtx-cu12")
+PACKAGES = (
+    "lto-onnx",
+    "onnx",
+    "onnxruntime",
+    "onnxscript",
+    "numpy",
+    "openvino",
+    "nncf",
+    "apache-tvm",
+    "tensorrt",
+    "tensorrt-rtx-cu12",
+)
 
 
 @lru_cache(maxsize=1)

@@ -17,6 +17,7 @@ from optimize.stats import percentile_ci
 if TYPE_CHECKING:
     from optimize.bench import Comparison
     from optimize.pipeline.summary import StageRecord
+    from optimize.stage import Candidate
 
 EXIT_TARGET_MET = 0
 EXIT_FAILURE = 1
@@ -109,6 +110,26 @@ def judge_candidate(
         record.reason = f"gain below the recipe's {min_improvement:.0%} minimum ({figures})"
 
 
+# A runner-up whose estimated speedup is within this fraction of the best's meets it directly.
+RUNOFF_FRACTION = 0.9
+RUNOFF_MAX = 2
+
+
+def runoff_candidates(
+    runners_up: Sequence[tuple[Candidate, float | None]], best: Candidate, best_speedup: float
+) -> list[Candidate]:
+    """Accurate candidates rejected as not faster than an earlier best whose chained speedup
+    estimate comes within RUNOFF_FRACTION of the final best's: the few worth measuring against it,
+    most promising first."""
+    close = [
+        (speedup, cand)
+        for cand, speedup in runners_up
+        if speedup is not None and cand is not best and speedup >= RUNOFF_FRACTION * best_speedup
+    ]
+    close.sort(key=lambda item: item[0], reverse=True)
+    return [cand for _, cand in close[:RUNOFF_MAX]]
+
+
 def original_wins_final(comparison: Comparison) -> bool:
     """Every kept step won its own comparisons, yet side by side with the original the result
     is slower with confidence: ship the original rather than a model measured to lose."""
@@ -133,6 +154,7 @@ __all__ = [
     "original_wins_final",
     "outcome_of",
     "pre_skip_reason",
+    "runoff_candidates",
     "search_done",
     "target_met",
     "target_verdict",

@@ -60,6 +60,25 @@ def _working_directory(path: Path) -> Iterator[None]:
         os.chdir(previous)
 
 
+class _BestSoFar:
+    """The best candidate so far and what goes with it, changed only through adopt()."""
+
+    def __init__(self, baseline: Candidate, backend: Backend) -> None:
+        self.candidate = baseline
+        self.backend = backend
+        self.speedup = 1.0
+        self.accuracy = AccuracyResult(True, "", {})
+        self.kept_chain: list[dict[str, Any]] = []
+        self.standard = baseline  # the best standard-op candidate (for TVM / TensorRT / OpenVINO)
+
+    def adopt(self, cand: Candidate, backend: Backend, speedup: float, accuracy: AccuracyResult) -> None:
+        self.backend.close()
+        self.candidate, self.backend, self.speedup, self.accuracy = cand, backend, speedup, accuracy
+        self.kept_chain.append({"stage": cand.label, **cand.details})
+        if cand.standard_ops:
+            self.standard = cand
+
+
 class Pipeline:
     """One run of `lto optimize`. Measuring and stage loading are injectable for tests."""
 
@@ -249,17 +268,17 @@ class Pipeline:
         if data.labels:
             self._warn(f"--calib-data arrays {', '.join(sorted(data.labels))} are not model inputs: ignored")
         unused = self._calibration_unused_reason()
-        quant = self.recipe.stage("quantize")
         if unused:
             self._warn(f"--calib-data is not used: {unused}")
-        elif data.restacked and quant is not None:
-            # The quantize stage reads samples on axis 0 at the pinned shape: give it them so.
+        elif data.restacked:
+            # The quantize stages read samples on axis 0 at the pinned shape: give them so.
             conformed = self.workdir / "calib-data.npz"
             np.savez(conformed, **{s.name: np.stack([x[s.name] for x in data.samples]) for s in specs})
-            quant.options["calib_data"] = str(conformed)
-            self._log(
-                f"--calib-data: {len(data.samples)} samples restacked at the pinned shapes for quantize"
-            )
+            readers = [spec for spec in self._calibration_readers() if "calib_data" in spec.options]
+            for spec in readers:
+                spec.options["calib_data"] = str(conformed)
+            names = ", ".join(spec.name for spec in readers)
+            self._log(f"--calib-data: {len(data.samples)} samples restacked at the pinned shapes for {names}")
         calib_rows: set[bytes] = set()
         for sample in data.samples:
             calib_rows |= row_keys(sample, self.input_axes)
@@ -276,16 +295,27 @@ class Pipeline:
             )
         return kept
 
+    def _calibration_readers(self) -> list[StageSpec]:
+        """The enabled stages that calibrate on --calib-data (ONNX Runtime's and OpenVINO's int8)."""
+        from optimize.pipeline.request import QUANTIZE_STAGES
+
+        stages = (self.recipe.stage(name) for name in QUANTIZE_STAGES)
+        return [spec for spec in stages if spec is not None and spec.enabled]
+
     def _calibration_unused_reason(self) -> str:
-        """Why the quantize stage will not read --calib-data ("" when it will)."""
-        quant = self.recipe.stage("quantize")
-        if quant is None:
+        """Why no stage will read --calib-data ("" when one will)."""
+        from optimize.pipeline.request import QUANTIZE_STAGES
+
+        present = [name for name in QUANTIZE_STAGES if self.recipe.stage(name) is not None]
+        if not present:
             return f"recipe {self.recipe.name} has no quantize stage"
-        if not quant.enabled:
+        readers = self._calibration_readers()
+        if not readers:
             if self.request.quantize == "never":
                 return "the quantize stage is off (--quantize never)"
             return f"the quantize stage is off in recipe {self.recipe.name} (--quantize always turns it on)"
-        if str(quant.options.get("mode", "auto")).lower() == "dynamic":
+        modes = {str(spec.options.get("mode", "auto")).lower() for spec in readers if spec.name == "quantize"}
+        if [spec.name for spec in readers] == ["quantize"] and modes == {"dynamic"}:
             return "quantize searches dynamic int8 only (mode dynamic), whose ranges are computed at run time"
         return ""
 
@@ -371,15 +401,12 @@ class Pipeline:
         )
         self._add(base_record)
 
-        best, best_speedup = baseline, 1.0
         # Target decisions (skipping a stage, stopping a search, --stop-at-target, the final verdict)
         # all read one figure: the best candidate measured alone, as the user's process runs it.
         # Interleaved comparisons inflate both sides' absolute latency on few cores.
         self.best_alone = base_meas
-        best_standard = baseline
-        best_accuracy: AccuracyResult = AccuracyResult(True, "", {})
-        kept_chain: list[dict[str, Any]] = []
-        best_backend = self._open(best)
+        best = _BestSoFar(baseline, self._open(baseline))
+        runners_up: list[tuple[StageSpec, Candidate, StageRecord]] = []
         stop_reason = ""
         if self.request.stop_at_target and self._target_met(self.best_alone, confident=True):
             stop_reason = "the baseline already meets the target (--stop-at-target)"
@@ -388,16 +415,16 @@ class Pipeline:
                 t_stage = time.monotonic()
                 reason = self._pre_skip_reason(spec, stop_reason)
                 if reason:
-                    basis = self._skip_basis(best)
+                    basis = self._skip_basis(best.candidate)
                     self._add(StageRecord(spec.name, spec.name, "skipped", reason, details=basis))
                     continue
-                opened = self._open_stage(spec, best, best_standard)
+                opened = self._open_stage(spec, best.candidate, best.standard)
                 if isinstance(opened, StageRecord):
                     opened.elapsed_s = time.monotonic() - t_stage
                     self._add(opened)
                     continue
                 stage, ctx = opened
-                items = self._stage_items(spec, stage, best, ctx)
+                items = self._stage_items(spec, stage, best.candidate, ctx)
                 produced = 0
                 try:
                     for item in items:
@@ -413,23 +440,12 @@ class Pipeline:
                                 StageRecord(spec.name, cand.label, "skipped", why, details=cand.details)
                             )
                             break
-                        outcome = self._evaluate(spec, cand, best, best_backend, best_speedup)
-                        record, cand_backend, comparison, accuracy = outcome
-                        record.elapsed_s = time.monotonic() - t_stage
-                        self._add(record)
+                        record = self._evaluate_and_adopt(spec, cand, best, t_stage)
                         ctx.outcomes[cand.label] = judge.outcome_of(record)
-                        if record.status == "kept" and cand_backend is not None and comparison is not None:
-                            best_backend.close()
-                            best, best_backend = cand, cand_backend
-                            best_speedup = record.speedup or best_speedup
-                            best_accuracy = accuracy
-                            kept_chain.append({"stage": cand.label, **cand.details})
-                            if cand.standard_ops:
-                                best_standard = cand
-                            self.best_alone = self._measure_alone(best, best_backend)
+                        if record.status == "kept":
                             ctx.best_latency_ms = self._best_ms()
-                        elif cand_backend is not None:
-                            cand_backend.close()
+                        elif judge.outcome_of(record) == "slower":
+                            runners_up.append((spec, cand, record))
                         if judge.search_done(spec, self.request.target_ms, self._best_ms()):
                             self._log(
                                 f"{spec.name}: the best {self.metric} ({self._best_ms():.3f} ms, measured "
@@ -446,9 +462,46 @@ class Pipeline:
                     and self._target_met(self.best_alone, confident=True)
                 ):
                     stop_reason = f"target met with 95% confidence after {spec.name} (--stop-at-target)"
+            if not stop_reason:
+                self._runoff(runners_up, best)
         finally:
-            best_backend.close()
-        return self._finish(baseline, base_meas, best, best_accuracy, kept_chain)
+            best.backend.close()
+        return self._finish(baseline, base_meas, best.candidate, best.accuracy, best.kept_chain)
+
+    def _evaluate_and_adopt(
+        self, spec: StageSpec, cand: Candidate, best: _BestSoFar, t_stage: float
+    ) -> StageRecord:
+        """Check and time `cand` against the best so far; a kept one becomes the best."""
+        outcome = self._evaluate(spec, cand, best.candidate, best.backend, best.speedup)
+        record, cand_backend, comparison, accuracy = outcome
+        record.elapsed_s = time.monotonic() - t_stage
+        self._add(record)
+        if record.status == "kept" and cand_backend is not None and comparison is not None:
+            best.adopt(cand, cand_backend, record.speedup or best.speedup, accuracy)
+            self.best_alone = self._measure_alone(cand, cand_backend)
+        elif cand_backend is not None:
+            cand_backend.close()
+        return record
+
+    def _runoff(self, runners_up: list[tuple[StageSpec, Candidate, StageRecord]], best: _BestSoFar) -> None:
+        """Accurate candidates that lost to an earlier best but whose estimated speedup comes close
+        to the final best's meet it directly: stages run greedily, so a candidate rejected against
+        one best was never measured against a later one (e.g. an OpenVINO fp variant measured
+        against ORT int8, then OpenVINO int8 kept)."""
+        # Only those measured against another best than the final one: the others already met it.
+        unmet = [
+            (cand, record.speedup)
+            for _, cand, record in runners_up
+            if (record.versus or {}).get("label") != best.candidate.label
+        ]
+        close = judge.runoff_candidates(unmet, best.candidate, best.speedup)
+        by_label = {cand.label: spec for spec, cand, _ in runners_up}
+        for cand in close:
+            left = self._time_left()
+            if left is not None and left <= 0:
+                break
+            self._log(f"runoff: {cand.label} against {best.candidate.label}, side by side")
+            self._evaluate_and_adopt(by_label[cand.label], cand, best, time.monotonic())
 
     def _best_ms(self) -> float:
         return float(self._latency(self.best_alone)[self.metric])

@@ -152,6 +152,7 @@ def optimize_report(run: Pipeline, final: FinalFigures) -> dict[str, Any]:
         "speedup_ci95": list(final.speedup_ci),
         "final_comparison": final.final_comparison,
         "baseline": run.records[0].latency_ms,
+        "runtimes": runtime_bests(run.records),
         "stages": [r.to_json() for r in run.records],
         "accuracy": final.accuracy,
         "accuracy_samples": len(run.samples),
@@ -179,6 +180,26 @@ def optimize_report(run: Pipeline, final: FinalFigures) -> dict[str, Any]:
     report["results"] = list(run.results)
     report["optimize"] = json_safe(section)
     return report
+
+
+def runtime_bests(records: list[StageRecord]) -> dict[str, dict[str, Any]]:
+    """Per runtime, its fastest accurate candidate of the run (speedup vs the baseline, chained
+    through the comparisons that measured it): what each runtime achieved, whichever won."""
+    bests: dict[str, dict[str, Any]] = {}
+    for record in records:
+        accurate_and_timed = record.status in ("kept", "reverted") or (
+            record.status == "rejected" and not record.reason.startswith("inaccurate")
+        )
+        if not accurate_and_timed or record.speedup is None or record.backend is None:
+            continue
+        if record.speedup > bests.get(record.backend, {}).get("speedup", 0.0):
+            bests[record.backend] = {
+                "label": record.label,
+                "speedup": record.speedup,
+                "precision": record.precision,
+                "status": record.status,
+            }
+    return bests
 
 
 def best_so_far(records: list[StageRecord]) -> dict[str, Any] | None:

@@ -681,3 +681,39 @@ def test_a_skip_decided_on_a_reverted_candidate_says_so(tmp_path: Path) -> None:
     assert rows["fake-later"].reason.endswith("(decided on fake-fast, which was reverted)")
     assert result.best.label == "baseline"
     assert result.verdict.startswith("target missed: best p50 ")  # the original, measured alone
+
+
+def test_a_close_runner_up_meets_the_final_best_in_a_runoff(tmp_path: Path) -> None:
+    """y lost to x by less than the recipe's minimum gain; z beat x later. Stages run greedily,
+    so y never met z: the runoff measures them side by side before the artifact is chosen."""
+    stages: dict[str, Stage] = {
+        "fake-x": FakeStage(model_candidate("x", extra_work=1)),
+        "fake-y": FakeStage(model_candidate("y", extra_work=2)),
+        "fake-z": FakeStage(model_candidate("z", extra_work=3)),
+    }
+    result, bench = run_fake(tmp_path, stages, {"x": 0.5, "y": 0.48, "z": 0.45})
+    ys = [r for r in result.records if r.label == "y"]
+    assert [r.versus["label"] for r in ys] == ["x", "z"]
+    assert ys[0].status == "rejected" and "gain below" in ys[0].reason
+    assert ys[1].status == "rejected" and ys[1].reason.startswith("slower than z")
+    assert ("z", "y") in bench.compared and result.best.label == "z"
+    assert any(line.startswith("runoff: y against z") for line in result.report["optimize"]["log"])
+
+
+def test_the_report_says_what_each_runtime_achieved(tmp_path: Path) -> None:
+    stages: dict[str, Stage] = {
+        "fake-x": FakeStage(model_candidate("x", extra_work=1)),
+        "fake-y": FakeStage(model_candidate("y", extra_work=2)),
+        "fake-bad": FakeStage(model_candidate("bad", seed=7)),
+    }
+    result, _ = run_fake(tmp_path, stages, {"x": 0.5, "y": 0.6, "bad": 0.1})
+    runtimes = result.report["optimize"]["runtimes"]
+    # The inaccurate (fastest) candidate does not count; the kept one is ONNX Runtime's best.
+    assert runtimes == {
+        "onnxruntime": {
+            "label": "x",
+            "speedup": pytest.approx(2.0, rel=0.05),
+            "precision": "fp32",
+            "status": "kept",
+        }
+    }
