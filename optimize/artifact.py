@@ -4,7 +4,8 @@
     <dir>/manifest.json   backend, runtime configuration, input spec, sha256 of every file,
                           environment, versions, stage history, accuracy, CPU requirements
     <dir>/report.json     the shared report schema, kind "optimize"
-    <dir>/report.md       the same for people
+    <dir>/report.md       the same for people, linking plots/*.png
+    <dir>/report.html     one self-contained page: the report with its plots embedded
 
 It is written through fsio.atomic_directory, so an interrupted run leaves either the previous
 directory or the complete new one. `load_artifact` verifies every file's hash and that this
@@ -45,6 +46,10 @@ def cpu_requirements(
     for details in chain_details:
         # Stages list the flags their output needs under "isa_requires" (or "requires_isa"/"isa").
         stage = details.get("stage", "a stage")
+        if details.get("independent_of_chain"):
+            # Rebuilt from the source model in another runtime: nothing earlier in the chain is in it.
+            isa.clear()
+            req.pop("nchwc_block", None)
         flags_needed = [
             flag
             for key in ("isa_requires", "requires_isa", "isa")
@@ -54,6 +59,12 @@ def cpu_requirements(
         ]
         for flag in dict.fromkeys(flags_needed):
             isa.append({"any_of": [flag], "why": f"{stage} was built for it"})
+        # Stages whose output runs on any one of several flags list entries {"any_of": [...], "why"}.
+        for entry in details.get("cpu_isa_any") or []:
+            if isinstance(entry, dict) and isinstance(entry.get("any_of"), list) and entry["any_of"]:
+                isa.append(
+                    {"any_of": [str(f) for f in entry["any_of"]], "why": f"{stage}: {entry.get('why', '')}"}
+                )
         exact = details.get("isa_exact") or {}
         if "nchwc_block_width" in exact:
             req["nchwc_block"] = exact["nchwc_block_width"]
@@ -164,7 +175,10 @@ def write_artifact(
             report_writer(staging / "report.json", dict(report))
         else:
             write_json_atomic(staging / "report.json", report)
-        write_markdown_atomic(staging / "report.md", report_md)
+        # The plots (plots/*.png) and report.html go in the same staging folder: all or nothing.
+        from optimize.render.html import artifact_pages
+
+        write_markdown_atomic(staging / "report.md", artifact_pages(staging, report, report_md))
         manifest: dict[str, Any] = {
             "manifest_version": MANIFEST_VERSION,
             "lto_version": __version__,

@@ -48,6 +48,7 @@ def test_written_artifact_loads_with_its_runtime_config(tmp_path: Path, candidat
     assert sorted(p.name for p in out.iterdir()) == [
         "manifest.json",
         "model.onnx",
+        "report.html",
         "report.json",
         "report.md",
     ]
@@ -58,7 +59,7 @@ def test_written_artifact_loads_with_its_runtime_config(tmp_path: Path, candidat
     assert loaded.input_spec["inputs"][0]["name"] == "x"
     manifest = loaded.manifest
     assert manifest["files"]["model.onnx"]["sha256"] == sha256_file(candidate.model_path)
-    assert set(manifest["files"]) == {"model.onnx", "report.json", "report.md"}
+    assert set(manifest["files"]) == {"model.onnx", "report.html", "report.json", "report.md"}
     for key in ("environment", "fingerprint", "versions", "stages", "accuracy", "requires"):
         assert key in manifest
     assert manifest["versions"]["onnxruntime"] == ort.__version__

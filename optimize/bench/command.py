@@ -31,6 +31,8 @@ class BenchRequest:
     seed: int = 0
     runtime_overrides: dict[str, Any] = field(default_factory=dict)
     settings: BenchSettings = field(default_factory=BenchSettings)
+    # Independent measurements, each in a fresh process and session (optimize.bench.repeat).
+    repeat: int = 1
 
 
 def parse_batches(text: str | None) -> list[int]:
@@ -84,7 +86,14 @@ def target_inputs(
 
 
 def run_bench(request: BenchRequest, progress: Progress | None = None) -> dict[str, Any]:
-    """Measure a target (or a batch sweep of it) and return a report of kind 'bench'."""
+    """Measure a target (or a batch sweep of it) and return a report of kind 'bench'.
+
+    With `request.repeat` > 1, every repetition runs in a fresh process (see optimize.bench.repeat).
+    """
+    if request.repeat > 1:
+        from optimize.bench.repeat import run_repeated
+
+        return run_repeated(request, progress)
     target = resolve_model(request.model, request.backend)
     overrides = dict(request.runtime_overrides)
     if target.backend == "tvm":
@@ -119,6 +128,11 @@ def run_bench(request: BenchRequest, progress: Progress | None = None) -> dict[s
 def run_compare(request: BenchRequest, progress: Progress | None = None) -> dict[str, Any]:
     """Measure two targets interleaved (A B B A ...) and report the ratio with its CI."""
     assert request.compare_with is not None
+    if request.repeat > 1:
+        raise UsageError(
+            "--repeat applies to a single target, not to --compare",
+            "--compare already measures both sides interleaved in one run",
+        )
     target_a = resolve_model(request.model, request.backend, label="A")
     target_b = resolve_model(request.compare_with, request.backend, label="B")
     batch = request.batches[0] if request.batches else None

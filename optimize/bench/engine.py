@@ -26,10 +26,15 @@ UNSTABLE_FOREIGN_LOAD = 0.10
 
 @dataclass
 class BenchSettings:
+    """When a measurement stops. `max_runs` and `max_time_s` are maxima: the run ends at the
+    first of them or earlier, once the median's CI is narrow enough (`target_ci_rel`), but never
+    before both `min_runs` runs and `min_time_s` seconds (minima win over maxima)."""
+
     warmup: int = 10
     min_runs: int = 20
     max_runs: int = 5000
     max_time_s: float = 10.0
+    min_time_s: float = 0.0
     # Stop once the 95% CI of the median is within this relative width (None: never stop early).
     target_ci_rel: float | None = 0.02
     # Interleaved comparisons alternate chunks of about this many seconds per side. Short
@@ -38,6 +43,26 @@ class BenchSettings:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def runs_for_percentile(q: float) -> int:
+    """Fewest runs whose 95% interval of the q-th percentile (q in percent) ends inside the data.
+
+    The distribution-free interval of a quantile is bounded by order statistics; its upper end
+    exists within n runs only when 1 - (q/100)^n >= 0.975. Below that, the sample's largest
+    runs lie inside the percentile's interval: the figure is a bound, not an estimate. p90 needs
+    36 runs, p99 368, p99.9 3,688.
+    """
+    return math.ceil(math.log(0.025) / math.log(q / 100.0))
+
+
+TAIL_PERCENTILES = {"p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+
+
+def tail_flags(runs: int) -> dict[str, int]:
+    """{percentile key: runs it needs} for every reported tail that `runs` runs cannot estimate."""
+    needed = {key: runs_for_percentile(q) for key, q in TAIL_PERCENTILES.items()}
+    return {key: n for key, n in needed.items() if runs < n}
 
 
 @dataclass
@@ -80,6 +105,8 @@ class Measurement:
             "wall_s": self.wall_s,
             "stopped_by": self.stopped_by,
             "stability": self.stability(),
+            # Tails that these runs cannot estimate, with the runs each would need.
+            "too_few_runs_for": tail_flags(len(self.samples_ms)),
             **({"extra": self.extra} if self.extra else {}),
             "samples_ms": [round(s, 6) for s in self.samples_ms],
         }
@@ -132,20 +159,25 @@ def measure(
     start = time.monotonic()
     next_check = settings.min_runs
     stopped_by = "runs"
-    while len(samples) < settings.max_runs:
+    minima_met = False
+    # The minima win over the run count: --min-time 30s runs 30 s even past --runs.
+    while len(samples) < settings.max_runs or not minima_met:
         # Time in small blocks so the stop checks happen between blocks, never inside one.
-        block = min(max(1, next_check - len(samples)), settings.max_runs - len(samples))
+        block = max(1, next_check - len(samples))
+        if len(samples) < settings.max_runs:
+            block = min(block, settings.max_runs - len(samples))
         _time_runs(run, feeds, block, samples)
         elapsed = time.monotonic() - start
         if progress is not None:
             progress(len(samples), elapsed)
-        if elapsed >= settings.max_time_s and len(samples) >= min(settings.min_runs, settings.max_runs):
+        minima_met = len(samples) >= settings.min_runs and elapsed >= settings.min_time_s
+        if elapsed >= settings.max_time_s and minima_met:
             stopped_by = "time"
             break
         if len(samples) >= next_check:
             if (
                 settings.target_ci_rel is not None
-                and len(samples) >= settings.min_runs
+                and minima_met
                 and median_ci_rel_width(sorted(samples)) <= settings.target_ci_rel
             ):
                 stopped_by = "ci"

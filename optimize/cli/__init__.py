@@ -35,6 +35,7 @@ COMMAND_MODULES = [
     "optimize.cli.optimize_cmd",
     "optimize.cli.serve_cmd",
     "optimize.cli.load_cmd",
+    "optimize.cli.export_cmd",
 ]
 
 

@@ -27,6 +27,11 @@ EPILOG = """
   lto bench sample_models/resnet_tiny.onnx --compare reports/resnet_tiny/   [dim](interleaved A/B)[/]
   lto bench --artifact reports/resnet_tiny/ -o reports/artifact-bench.json
   lto bench model.onnx --input-data inputs.npz --threads 2 --time 30s --ci-target 0.01 --json
+  lto bench model.onnx --repeat 10 --time 2s -o main.json   [dim](a baseline for lto gate)[/]
+  lto bench model.onnx --min-runs 3688 --time 5m   [dim](enough runs for a p99.9)[/]
+
+--time and --runs are maxima (the run also ends once the median's CI is narrow enough);
+--min-runs and --min-time are minima and win over them.
 """
 
 
@@ -61,22 +66,46 @@ def bench(
         None, "--spin/--no-spin", help="ORT thread spinning (on trades CPU for latency)."
     ),
     warmup: int = typer.Option(10, "--warmup", min=0, help="Untimed runs first."),
-    min_runs: int = typer.Option(
-        20, "--min-runs", min=1, help="Timed runs before the adaptive stop may end it."
+    min_runs: int | None = typer.Option(
+        None,
+        "--min-runs",
+        min=1,
+        help="At least this many timed runs, whatever --time and the CI say (default 20, or --runs if "
+        "fewer; p99 needs 368, p99.9 3688).",
+        show_default=False,
     ),
-    max_runs: int = typer.Option(5000, "--runs", min=1, help="Most timed runs."),
+    max_runs: int = typer.Option(
+        5000, "--runs", min=1, help="At most this many timed runs (a maximum, unless a minimum needs more)."
+    ),
     max_time: float = typer.Option(
         "10s",
         "--time",
         parser=duration_parser("--time", minimum=0.01),
         metavar="DURATION",
-        help=f"Most time of timed runs per measurement: {DURATION_UNITS_HELP}.",
+        help="At most this much time of timed runs per measurement (a maximum: the run ends earlier "
+        f"at --runs or once the median's CI is within --ci-target): {DURATION_UNITS_HELP}.",
     ),
-    ci_target: float = typer.Option(
-        0.02,
+    min_time: float = typer.Option(
+        "0s",
+        "--min-time",
+        parser=duration_parser("--min-time", minimum=0.0),
+        metavar="DURATION",
+        help="At least this much time of timed runs per measurement, whatever --runs and the CI say.",
+    ),
+    ci_target: float | None = typer.Option(
+        None,
         "--ci-target",
         min=0.0,
-        help="Stop when the median's 95% CI is this narrow (relative); 0 = never.",
+        help="Stop when the median's 95% CI is this narrow (relative); 0 = never. Default 0.02, "
+        "and never with --repeat (each repetition then spends its --time).",
+        show_default=False,
+    ),
+    repeat: int = typer.Option(
+        1,
+        "--repeat",
+        min=1,
+        help="Independent measurements, each in a fresh process: a report for `lto gate` needs at least "
+        "5 (the gate compares the repetitions, since runs inside one process are not independent).",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
     output: Path | None = typer.Option(
@@ -98,6 +127,10 @@ def bench(
 
     if (model is None) == (artifact is None):
         raise UsageError("give a MODEL or --artifact DIR (one of them)", "see lto bench --help")
+    if min_runs is not None and min_runs > max_runs:
+        raise UsageError(f"--min-runs {min_runs} is more than --runs {max_runs}", "raise --runs")
+    if min_time > max_time:
+        raise UsageError(f"--min-time {min_time:g}s is more than --time {max_time:g}s", "raise --time")
     check_output_file(output, flag="-o")
     check_output_file(markdown, flag="--markdown")
     # Before any work: a typo such as --threads 100000 would start that many threads.
@@ -124,11 +157,15 @@ def bench(
         runtime_overrides=overrides,
         settings=BenchSettings(
             warmup=warmup,
-            min_runs=min(min_runs, max_runs),
+            min_runs=min(20, max_runs) if min_runs is None else min_runs,
             max_runs=max_runs,
             max_time_s=max_time,
-            target_ci_rel=ci_target or None,
+            min_time_s=min_time,
+            # Repetitions exist for the variation between processes: each spends its --time
+            # rather than stopping on its own median's CI, unless asked to.
+            target_ci_rel=(None if repeat > 1 else 0.02) if ci_target is None else (ci_target or None),
         ),
+        repeat=repeat,
     )
     runner = run_compare if compare is not None else run_bench
     interrupts.set_activity(f"loading {request.model}")
@@ -139,20 +176,16 @@ def bench(
     if json_out:
         report = runner(request, note)
     else:
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from optimize.render.terminal import BudgetProgress
 
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            console=err_console,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("loading")
+        # The budget is known: each measurement (and repetition) takes at most --time (plus a
+        # process start per repetition), so the bar shows an ETA against that maximum.
+        measurements = max(1, len(request.batches)) * repeat
+        with BudgetProgress(err_console, total_s=measurements * max(max_time, min_time)) as bar:
 
             def tick(label: str, runs: int, elapsed: float) -> None:
                 note(label, runs, elapsed)
-                bar.update(task, description=f"measuring {label}: {runs} runs, {elapsed:.1f}s")
+                bar.update(label, runs, elapsed)
 
             report = runner(request, tick)
     from rich.markup import escape

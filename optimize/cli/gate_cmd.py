@@ -26,8 +26,13 @@ EPILOG = """
 
 Inconclusive = too noisy to decide, or not comparable (other machine, inputs or batch; no baseline).
 
+Two saved reports are compared repetition against repetition: make each with
+[bold]lto bench --repeat 5[/] or more (each repetition a fresh process). Fewer repetitions, an
+unstable report, or a machine loaded differently during the two reports: inconclusive.
+
 [bold]Examples[/]
 
+  lto bench model.onnx --repeat 10 --time 2s -o main.json   [dim](a report to gate with)[/]
   lto gate --baseline main.json --candidate pr.json --max-regression 5%   [dim](p50, 5% budget)[/]
   lto gate --baseline main.json --candidate pr.json -m p99 --markdown sum.md  [dim](tail, CI summary)[/]
   lto gate --baseline opt.json --candidate opt2.json --label final   [dim](the shipped artifact's row)[/]
@@ -78,6 +83,11 @@ def register(app: typer.Typer) -> None:
             None, "--min-improvement", help="Smallest speed-up reported as improved (default: the budget)."
         ),
         alpha: float = typer.Option(0.01, "--alpha", help="Significance level of the Mann-Whitney U test."),
+        min_repetitions: int = typer.Option(
+            5,
+            "--min-repetitions",
+            help="Reports: fewest process-level repetitions a side (lto bench --repeat) to decide on.",
+        ),
         label: str | None = typer.Option(
             None,
             "--label",
@@ -114,7 +124,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compare latency against a baseline and exit with the verdict's code.
 
-        Uses the raw samples: a Mann-Whitney U test plus a bootstrap 95% CI of the metric's ratio.
+        Reports: a Mann-Whitney U test and a Hodges-Lehmann 95% CI of the ratio over the repetitions.
+
+        --rerun: both measured here, interleaved; the CI resamples whole chunk pairs.
 
         It fails only when the slowdown is significant and its whole CI lies beyond --max-regression.
 
@@ -133,6 +145,7 @@ def register(app: typer.Typer) -> None:
                 else None
             ),
             alpha=alpha,
+            min_repetitions=min_repetitions,
         )
         for path, flag in ((markdown, "--markdown"), (output, "-o")):
             check_output_file(path, flag=flag, inputs=(baseline, candidate))
@@ -209,15 +222,14 @@ def _rerun_request(
 def _run_with_progress(
     request: RerunRequest, settings: GateSettings, quiet: bool
 ) -> tuple[GateResult, dict[str, Any]]:
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     from optimize.gate import gate_rerun
+    from optimize.render.terminal import BudgetProgress
 
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
-    with Progress(*columns, console=err_console, transient=True, disable=quiet) as progress:
-        task = progress.add_task("interleaved A/B run", total=None)
+    # Each interleaved run takes at most --time; a regression is confirmed by a second one.
+    budget = request.bench.max_time_s * (2 if request.confirm else 1)
+    with BudgetProgress(err_console, total_s=budget, quiet=quiet) as progress:
 
         def tick(what: str, runs: int, elapsed: float) -> None:
-            progress.update(task, description=f"interleaved A/B {what}: {runs} runs, {elapsed:.1f}s")
+            progress.update(f"interleaved A/B {what}", runs, elapsed)
 
         return gate_rerun(request, settings, tick)

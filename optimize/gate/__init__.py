@@ -10,7 +10,11 @@ numbers. It asks two questions and needs both answered before it fails a build:
   size: a significant 0.3% slowdown passes a 5% budget, and a noisy comparison whose CI
   straddles the budget is "inconclusive", never "regressed".
 
-Two reports measured at different times are compared run against run. With --rerun both
+Two reports measured at different times are compared repetition against repetition: each
+report holds several process-level repetitions (`lto bench --repeat N`), and the test and the
+CI are drawn from the repetitions' figures (as benchstat does), since runs inside one process
+share its state and are not independent. Too few repetitions, an unstable report or a machine
+loaded differently during the two reports make the verdict "inconclusive". With --rerun both
 sides are measured here, interleaved in short chunks; the CI then resamples whole chunk
 pairs (runs inside a chunk share the machine's load, so they are not independent), and a
 "regressed" verdict must be confirmed by a second, independent interleaved run.
@@ -37,11 +41,13 @@ from optimize.gate.decision import (
     GateSettings,
     Side,
     decide,
+    hodges_lehmann_ratio,
     parse_fraction,
 )
 from optimize.gate.reports import (
     baseline_name,
     baseline_path,
+    baseline_refusal,
     gate_report,
     gate_reports,
     pick_measurement,
@@ -63,10 +69,12 @@ __all__ = [
     "Side",
     "baseline_name",
     "baseline_path",
+    "baseline_refusal",
     "decide",
     "gate_report",
     "gate_reports",
     "gate_rerun",
+    "hodges_lehmann_ratio",
     "parse_fraction",
     "pick_measurement",
     "rerun_bench_settings",

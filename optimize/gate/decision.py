@@ -35,6 +35,10 @@ class GateSettings:
     resamples: int = 2000  # bootstrap resamples for the ratio CI
     seed: int = 0  # bootstrap seed: the same inputs always give the same verdict
     min_samples: int = 10
+    # Reports compared with each other: fewest process-level repetitions a side (lto bench
+    # --repeat), and the largest difference in other processes' share of the CPU between them.
+    min_repetitions: int = 5
+    max_load_difference: float = 0.25
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
@@ -45,6 +49,9 @@ class GateSettings:
             raise UsageError("--min-improvement must be between 0% and 100%")
         if not 0 < self.alpha < 0.5:
             raise UsageError(f"--alpha must be between 0 and 0.5, not {self.alpha}")
+        if self.min_repetitions < 4:
+            # 4 a side is the fewest whose Hodges-Lehmann interval can reach 95% (1/70 < 2.5%).
+            raise UsageError(f"--min-repetitions must be at least 4, not {self.min_repetitions}")
 
     @property
     def improvement_threshold(self) -> float:
@@ -59,6 +66,8 @@ class GateSettings:
             "resamples": self.resamples,
             "seed": self.seed,
             "min_samples": self.min_samples,
+            "min_repetitions": self.min_repetitions,
+            "max_load_difference": self.max_load_difference,
         }
 
 
@@ -98,6 +107,28 @@ class Side:
     # last may be cut short), block i of both sides measured back to back. None when plain.
     chunks: int | None = None
     chunk_runs: int | None = None
+    # Saved reports: the runs of each process-level repetition (lto bench --repeat), in order.
+    # None for a report of one process.
+    repetitions: list[np.ndarray] | None = None
+    # The measurement's stability as recorded (a repeated one's is about its repetitions).
+    stability: Mapping[str, Any] | None = None
+    # The measurement itself, as found in its report (for the gate report and its plots).
+    measurement: Mapping[str, Any] | None = None
+
+    @property
+    def repetition_count(self) -> int:
+        return len(self.repetitions) if self.repetitions else 1
+
+    def repetition_values(self, stat: str) -> np.ndarray:
+        """The statistic (p50, p90, p99, mean) of each repetition's runs: the run-level sample."""
+        from optimize.stats import metric_value
+
+        parts = self.repetitions or [self.samples_ms]
+        return np.asarray([float(metric_value(p, stat)) for p in parts], dtype=np.float64)
+
+    def load(self) -> float | None:
+        value = (self.stability or {}).get("foreign_cpu_fraction")
+        return float(value) if isinstance(value, (int, float)) else None
 
     def blocks(self) -> np.ndarray | None:
         """The complete chunks as a (chunks, runs per chunk) array, or None when not interleaved."""
@@ -129,6 +160,17 @@ class Side:
         data = np.asarray(samples, dtype=np.float64)
         if data.ndim != 1 or not np.all(np.isfinite(data)) or np.any(data < 0):
             raise UsageError(f"{name}: samples_ms must be finite latencies in ms, none negative")
+        repetitions = None
+        reps = measurement.get("repetitions")
+        if reps:
+            counts = [int(r.get("runs", 0)) for r in reps if isinstance(r, Mapping)]
+            if len(counts) != len(reps) or min(counts) < 1 or sum(counts) != data.size:
+                raise UsageError(
+                    f"{name}: the runs of its {len(reps)} repetitions do not add up to its samples_ms",
+                    "the report was edited or cut: measure it again with lto bench --repeat",
+                )
+            repetitions = np.split(data, np.cumsum(counts)[:-1])
+        stability = measurement.get("stability")
         return cls(
             name=name,
             label=str(measurement.get("label", "")),
@@ -138,6 +180,9 @@ class Side:
             input_spec=input_spec,
             chunks=chunks,
             chunk_runs=chunk_runs,
+            repetitions=repetitions,
+            stability=stability if isinstance(stability, Mapping) else None,
+            measurement=measurement,
         )
 
     def metric(self, metric: str) -> float:
@@ -170,6 +215,8 @@ class GateResult:
     interleaved_runs: list[dict[str, Any]] = field(default_factory=list)  # --rerun: one per run
     baseline_file: str | None = None
     baseline_written: str | None = None
+    # Saved reports: the metric of each repetition, per side (the run-level sample decided on).
+    repetition_values: dict[str, list[float]] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -179,12 +226,17 @@ class GateResult:
         def side(s: Side | None) -> dict[str, Any] | None:
             if s is None:
                 return None
+            stability = s.stability or {}
             return {
                 "name": s.name,
                 "label": s.label,
                 "runs": int(s.samples_ms.size),
+                "repetitions": s.repetition_count,
                 "batch_size": s.batch_size,
                 "fingerprint": s.fingerprint,
+                "stable": bool(stability.get("stable", True)),
+                "unstable_reasons": list(stability.get("reasons") or []),
+                "foreign_cpu_fraction": s.load(),
             }
 
         return {
@@ -205,6 +257,7 @@ class GateResult:
             "ci_method": self.ci_method,
             "mann_whitney": {"p_slower": self.p_slower, "p_faster": self.p_faster},
             "interleaved_runs": self.interleaved_runs,
+            "repetition_values": self.repetition_values,
             "baseline_file": self.baseline_file,
             "baseline_written": self.baseline_written,
         }
@@ -311,12 +364,24 @@ def decide(baseline: Side, candidate: Side, settings: GateSettings | None = None
     if fewest < settings.min_samples:
         result.reason = f"too few samples ({fewest}; the gate needs at least {settings.min_samples} per side)"
         return result
-    if baseline.chunks is not None and min(baseline.chunks, candidate.chunks or 0) < MIN_CHUNKS:
+    interleaved = baseline.chunks is not None or candidate.chunks is not None
+    if interleaved and min(baseline.chunks or 0, candidate.chunks or 0) < MIN_CHUNKS:
         result.reason = (
-            f"too few interleaved chunks ({min(baseline.chunks, candidate.chunks or 0)}; the gate needs "
+            f"too few interleaved chunks ({min(baseline.chunks or 0, candidate.chunks or 0)}; the gate needs "
             f"{MIN_CHUNKS} to tell a change from the machine's drift): measure longer with --time"
         )
         return result
+    if not interleaved:
+        # Shown whatever the verdict: the figure each repetition contributes.
+        stat = "mean" if settings.metric == "throughput" else settings.metric
+        result.repetition_values = {
+            "baseline": [float(v) for v in baseline.repetition_values(stat)],
+            "candidate": [float(v) for v in candidate.repetition_values(stat)],
+        }
+        refusal = _reports_refusal(baseline, candidate, settings)
+        if refusal:
+            result.reason = refusal
+            return result
 
     from scipy.stats import mannwhitneyu
 
@@ -325,7 +390,19 @@ def decide(baseline: Side, candidate: Side, settings: GateSettings | None = None
     result.candidate_value = candidate.metric(metric)
     # throughput = batch / mean latency, so its ratio is the inverse of the mean-latency ratio.
     stat = "mean" if metric == "throughput" else metric
-    r, lo, hi, result.ci_method = _ratio_ci(baseline, candidate, stat, settings)
+    if interleaved:
+        r, lo, hi, result.ci_method = _ratio_ci(baseline, candidate, stat, settings)
+        # Latency samples: "greater" = the candidate's latencies are stochastically larger (slower).
+        tested_base, tested_cand = baseline.samples_ms, candidate.samples_ms
+    else:
+        # Two reports measured at different times: the unit of evidence is the repetition (one
+        # process each), never the run, so both the interval and the test are at run level.
+        tested_base, tested_cand = baseline.repetition_values(stat), candidate.repetition_values(stat)
+        r, lo, hi = hodges_lehmann_ratio(tested_base, tested_cand)
+        result.ci_method = (
+            f"Hodges-Lehmann over {tested_base.size} x {tested_cand.size} repetitions "
+            "(distribution-free, inverts the Mann-Whitney test)"
+        )
     if metric == "throughput":
         result.ratio, result.ratio_ci95 = 1.0 / r, (1.0 / hi, 1.0 / lo)
         # "worse" is a throughput drop: change = 1 - ratio.
@@ -334,13 +411,8 @@ def decide(baseline: Side, candidate: Side, settings: GateSettings | None = None
         result.ratio, result.ratio_ci95 = r, (lo, hi)
         change, change_lo, change_hi = r - 1.0, lo - 1.0, hi - 1.0
     result.change, result.change_ci95 = change, (change_lo, change_hi)
-    # Latency samples: "greater" = the candidate's latencies are stochastically larger (slower).
-    result.p_slower = float(
-        mannwhitneyu(candidate.samples_ms, baseline.samples_ms, alternative="greater").pvalue
-    )
-    result.p_faster = float(
-        mannwhitneyu(candidate.samples_ms, baseline.samples_ms, alternative="less").pvalue
-    )
+    result.p_slower = float(mannwhitneyu(tested_cand, tested_base, alternative="greater").pvalue)
+    result.p_faster = float(mannwhitneyu(tested_cand, tested_base, alternative="less").pvalue)
 
     worse_word, better_word = ("lower", "higher") if metric == "throughput" else ("slower", "faster")
     budget = settings.max_regression
@@ -379,11 +451,107 @@ def decide(baseline: Side, candidate: Side, settings: GateSettings | None = None
             f"too noisy to decide: {what} but the {ci_text} straddles the {_share(budget)} budget; "
             + (
                 "measure longer (--time)"
-                if candidate.chunks
-                else "collect more runs, or compare interleaved with --rerun"
+                if interleaved
+                else _more_repetitions_hint(tested_base, tested_cand, budget)
             )
         )
     return result
+
+
+def _reports_refusal(baseline: Side, candidate: Side, settings: GateSettings) -> str | None:
+    """Why two saved reports cannot be compared, or None: each must hold enough process-level
+    repetitions, neither may be unstable, and the machine's load must have been alike."""
+    counts = {"baseline": baseline.repetition_count, "candidate": candidate.repetition_count}
+    short = {k: n for k, n in counts.items() if n < settings.min_repetitions}
+    if short:
+        which = " and ".join(f"the {k} has {n}" for k, n in short.items())
+        return (
+            f"too few repetitions: {which}; comparing two reports needs at least "
+            f"{settings.min_repetitions} a side, each a fresh process (lto bench --repeat "
+            f"{settings.min_repetitions}), because runs inside one process are not independent: "
+            "or compare both side by side with --rerun"
+        )
+    if settings.metric in ("p90", "p99"):
+        # Each repetition's own tail is the figure compared: it needs the runs to estimate it.
+        from optimize.bench.engine import runs_for_percentile
+
+        needed = runs_for_percentile(float(settings.metric[1:]))
+        fewest = min(min(p.size for p in s.repetitions or [s.samples_ms]) for s in (baseline, candidate))
+        if fewest < needed:
+            return (
+                f"too few runs per repetition for its {settings.metric}: {fewest} in the shortest, "
+                f"{needed} needed for a 95% interval inside the data; measure with --min-runs {needed}"
+            )
+    for name, s in (("baseline", baseline), ("candidate", candidate)):
+        stability = s.stability or {}
+        if not stability.get("stable", True):
+            reasons = "; ".join(stability.get("reasons") or []) or "flagged unstable"
+            return f"the {name} report is unstable ({reasons}): measure it again on a quieter machine"
+    load_b, load_c = baseline.load(), candidate.load()
+    if load_b is not None and load_c is not None and abs(load_b - load_c) > settings.max_load_difference:
+        return (
+            f"the machine's load differed between the reports: other processes used {load_b:.0%} of "
+            f"the CPU during the baseline, {load_c:.0%} during the candidate; measure both on a "
+            "machine in the same state, or side by side with --rerun"
+        )
+    return None
+
+
+def _more_repetitions_hint(base: np.ndarray, cand: np.ndarray, budget: float) -> str:
+    """How many repetitions a side would resolve a change of twice the budget at this spread."""
+    spread = np.concatenate([np.log(base) - np.median(np.log(base)), np.log(cand) - np.median(np.log(cand))])
+    sigma = 1.4826 * float(np.median(np.abs(spread)))
+    if budget <= 0 or sigma <= 0:
+        return "add repetitions (lto bench --repeat)"
+    # A two-sample comparison with 95% confidence and 95% power, at a margin of the budget.
+    needed = math.ceil(2 * ((1.96 + 1.645) * sigma / math.log1p(budget)) ** 2)
+    return (
+        f"add repetitions: at this spread between processes ({sigma:.1%}) about {max(needed, 5)} a side "
+        "would resolve a change of twice the budget (lto bench --repeat), or compare with --rerun"
+    )
+
+
+def _exact_mann_whitney_lower(m: int, n: int, level: float = 0.95) -> int:
+    """The largest k with P(U < k) <= (1 - level) / 2 under the null, U the Mann-Whitney
+    statistic of samples of sizes m and n (its exact distribution, counted by dynamic
+    programming: the coefficients of the Gaussian binomial coefficient [m+n choose m])."""
+    # counts[j] = number of arrangements of i x-values and j y-values with each U, for the current i
+    counts = [np.ones(1, dtype=np.float64) for _ in range(n + 1)]
+    for _ in range(1, m + 1):
+        new = [np.ones(1, dtype=np.float64)]
+        for j in range(1, n + 1):
+            a, b = counts[j], new[j - 1]
+            shifted = np.concatenate([np.zeros(j), a])  # the new x-value is above all j y-values
+            size = max(shifted.size, b.size)
+            new.append(np.pad(shifted, (0, size - shifted.size)) + np.pad(b, (0, size - b.size)))
+        counts = new
+    dist = counts[n] / counts[n].sum()
+    cdf = np.cumsum(dist)
+    alpha = (1.0 - level) / 2.0
+    # P(U <= k - 1) <= alpha  <=>  cdf[k - 1] <= alpha
+    k = int(np.searchsorted(cdf, alpha, side="right"))
+    return max(k, 0)
+
+
+def hodges_lehmann_ratio(
+    baseline: np.ndarray, candidate: np.ndarray, level: float = 0.95
+) -> tuple[float, float, float]:
+    """candidate / baseline as the median of all pairwise ratios, with its distribution-free CI.
+
+    The Hodges-Lehmann estimate of the shift of log latency between the two sets of
+    repetitions; the interval holds the shifts the two-sided Mann-Whitney test does not reject
+    at 1 - level (order statistics k and mn + 1 - k of the pairwise log ratios, k from U's
+    exact null distribution). One odd repetition moves neither much. With too few repetitions
+    for the level (3 x 3 at 95%), the interval is (0, inf): nothing can be claimed.
+    """
+    logs_b, logs_c = np.log(np.asarray(baseline, dtype=np.float64)), np.log(np.asarray(candidate))
+    diffs = np.sort((logs_c[None, :] - logs_b[:, None]).ravel())
+    k = _exact_mann_whitney_lower(logs_b.size, logs_c.size, level)
+    if k < 1:  # too few repetitions: no interval at this level exists, so claim none
+        return float(np.exp(np.median(diffs))), 0.0, math.inf
+    lo_i = min(max(k - 1, 0), (diffs.size - 1) // 2)  # 1-based order statistic k is index k - 1
+    hi_i = diffs.size - 1 - lo_i
+    return float(np.exp(np.median(diffs))), float(np.exp(diffs[lo_i])), float(np.exp(diffs[hi_i]))
 
 
 # ---------------------------------------------------------------------------------------------

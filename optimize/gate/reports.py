@@ -151,8 +151,12 @@ def gate_reports(
                 baseline_file=str(stored),
             )
             if update_baseline or force_update_baseline:
-                result.baseline_written = str(store_baseline(stored, candidate_report))
-                result.reason += "; stored the candidate as the baseline"
+                refusal = baseline_refusal(candidate, settings)
+                if refusal:
+                    result.reason += f"; the candidate was not stored as the baseline: {refusal}"
+                else:
+                    result.baseline_written = str(store_baseline(stored, candidate_report))
+                    result.reason += "; stored the candidate as the baseline"
             return result
         baseline_file = stored
     assert baseline_file is not None
@@ -161,8 +165,27 @@ def gate_reports(
     result = decide(baseline, candidate, settings)
     result.baseline_file = str(baseline_file)
     if stored is not None and (force_update_baseline or (update_baseline and result.verdict == IMPROVED)):
-        result.baseline_written = str(store_baseline(stored, candidate_report))
+        refusal = baseline_refusal(candidate, settings)
+        if refusal:
+            result.reason += f"; the candidate was not stored as the baseline: {refusal}"
+        else:
+            result.baseline_written = str(store_baseline(stored, candidate_report))
     return result
+
+
+def baseline_refusal(candidate: Side, settings: GateSettings) -> str | None:
+    """Why a report must not become a stored baseline, or None. Every later comparison is made
+    against a baseline, so one with too few repetitions or an unstable one is never stored,
+    even with --force-update-baseline (which accepts a slowdown, not a bad measurement)."""
+    if candidate.repetition_count < settings.min_repetitions:
+        return (
+            f"it holds {candidate.repetition_count} repetition(s), a baseline needs at least "
+            f"{settings.min_repetitions} (lto bench --repeat {settings.min_repetitions})"
+        )
+    stability = candidate.stability or {}
+    if not stability.get("stable", True):
+        return "it is unstable (" + ("; ".join(stability.get("reasons") or []) or "flagged") + ")"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,6 +205,13 @@ def gate_report(result: GateResult, source: Mapping[str, Any] | None = None) -> 
         if source.get("comparison"):
             report["comparison"] = source["comparison"]
     else:
+        # Saved reports: the two measurements compared, renamed by their side, so that the gate
+        # report carries its evidence (the samples and repetitions) for people and plots.
         report = new_report("gate")
+        for side_name, side in (("baseline", result.baseline), ("candidate", result.candidate)):
+            if side is not None and side.measurement is not None:
+                report["results"].append({**side.measurement, "label": f"{side_name}: {side.label}"})
+        if result.candidate is not None and isinstance(result.candidate.input_spec, Mapping):
+            report["input_spec"] = dict(result.candidate.input_spec)
     report["gate"] = result.to_json()
     return report

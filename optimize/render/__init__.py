@@ -5,6 +5,8 @@
 * `terminal`: rich tables and lines for terminals (measurements, gate, load, inspect).
 * `common`: plain-text cells both share.
 * `optimize_section`: the optimize report's section and stage table (moving into `markdown`).
+* `plots`: matplotlib figures of a report (PNG), each captioned with the figures it draws.
+* `html`: a self-contained page (the Markdown, rendered, with the plots embedded).
 
 Library modules (report, gate, serve, inspection, bench) return data and never import rich.
 """

@@ -24,6 +24,26 @@ def gate_value(v: float | None, metric: str) -> str:
     return f"{v:,.1f}/s" if metric == "throughput" else f"{v:.3f} ms"
 
 
+def _spread(values: list[float] | None, metric: str) -> str:
+    """'0.412..0.455 ms' or '2,401..2,510/s': the range of a side's repetitions."""
+    if not values:
+        return "-"
+    if metric == "throughput":  # the gate decides throughput on mean latency per repetition
+        return f"{min(values):.3g}..{max(values):.3g} ms mean"
+    return f"{min(values):.3g}..{max(values):.3g} ms"
+
+
+def unstable_inputs(data: Mapping[str, Any]) -> list[str]:
+    """One sentence per side of a gate decision that was measured unstable."""
+    lines = []
+    for name in ("baseline", "candidate"):
+        side = data.get(name) or {}
+        if side and not side.get("stable", True):
+            reasons = "; ".join(side.get("unstable_reasons") or []) or "flagged unstable"
+            lines.append(f"the {name} ({side.get('name', '?')}) was measured unstable: {reasons}")
+    return lines
+
+
 def gate_rows(data: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """(what, baseline, candidate) rows of a gate decision (GateResult.to_json())."""
     metric = data["metric"]
@@ -37,6 +57,25 @@ def gate_rows(data: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         ),
         ("runs", str(base.get("runs", "-")), str(cand.get("runs", "-"))),
     ]
+    if base.get("repetitions", 1) > 1 or cand.get("repetitions", 1) > 1:
+        rows.append(("repetitions", str(base.get("repetitions", "-")), str(cand.get("repetitions", "-"))))
+    values = data.get("repetition_values") or {}
+    if values and max(len(v or []) for v in values.values()) > 1:
+        rows.append(
+            (
+                f"{metric} per repetition",
+                _spread(values.get("baseline"), metric),
+                _spread(values.get("candidate"), metric),
+            )
+        )
+    loads = (base.get("foreign_cpu_fraction"), cand.get("foreign_cpu_fraction"))
+    if any(isinstance(x, (int, float)) for x in loads):
+        rows.append(
+            ("other processes' CPU", *[f"{x:.0%}" if isinstance(x, (int, float)) else "-" for x in loads])
+        )
+    stable = (base.get("stable", True), cand.get("stable", True))
+    if not all(stable):
+        rows.append(("stable", *["yes" if s else "NO" for s in stable]))
     if data.get("change") is not None and data.get("change_ci95"):
         lo, hi = data["change_ci95"]
         rows.append(("change, + = worse (95% CI)", "", f"{pct(data['change'])} ({pct(lo)} .. {pct(hi)})"))
@@ -55,8 +94,8 @@ def gate_rows(data: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         (
             "budget",
             "",
-            f"max regression {settings.get('max_regression', 0):.1%}, "
-            f"min improvement {settings.get('min_improvement', 0):.1%}",
+            f"{settings.get('max_regression', 0):.1%} slower, "
+            f"{settings.get('min_improvement', 0):.1%} faster",
         )
     )
     runs = data.get("interleaved_runs") or []

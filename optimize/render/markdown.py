@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from optimize.render.common import gate_rows
+from optimize.render.common import gate_rows, unstable_inputs
 
 # (section, whole report) -> Markdown. The report is passed because some sections need its
 # top-level fields (a load section shows the report's `settings`).
@@ -70,9 +70,13 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         lines += ["", "## Latency", "", *measurement_rows(report["results"])]
         lines += [
             "",
-            "Latency in milliseconds per batch. The median CI is a bootstrap 95% interval; "
-            "a run is marked unstable when its variation is high or other processes used the CPU.",
+            "Latency in milliseconds per batch. The median CI is a bootstrap 95% interval (for a "
+            "repeated measurement: an order-statistic interval over its repetitions' medians); "
+            "a run is marked unstable when its variation is high or other processes used the CPU "
+            "(a repeated one when its repetitions disagree).",
         ]
+        lines += _thin_tail_lines(report["results"])
+        lines += _repetition_lines(report["results"])
     comparison = report.get("comparison")
     if comparison:
         a, b = comparison["labels"]
@@ -91,6 +95,55 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         if report.get(kind):
             lines += ["", render(report[kind], report)]
     return "\n".join(lines) + "\n"
+
+
+_TAIL_NAMES = {"p90": "p90", "p99": "p99", "p999": "p99.9"}
+
+
+def _thin_tail_lines(results: list[dict[str, Any]]) -> list[str]:
+    """A note per measurement whose reported tails come from too few runs to estimate them."""
+    lines = []
+    for m in results:
+        thin = {k: n for k, n in (m.get("too_few_runs_for") or {}).items() if k in _TAIL_NAMES}
+        if thin:
+            needs = ", ".join(
+                f"{_TAIL_NAMES[k]} needs {n:,}" for k, n in sorted(thin.items(), key=lambda kv: kv[1])
+            )
+            lines.append(
+                f"- {m['label']}: {m['runs']:,} runs are too few to estimate its tail ({needs}): "
+                "those figures are close to its largest runs, not percentiles."
+            )
+    return ["", *lines] if lines else []
+
+
+def _repetition_lines(results: list[dict[str, Any]]) -> list[str]:
+    """Each repetition of a `lto bench --repeat` measurement: one process each."""
+    lines: list[str] = []
+    for m in results:
+        reps = m.get("repetitions") or []
+        if not reps:
+            continue
+        stability = m.get("stability") or {}
+        spread = stability.get("repetition_spread")
+        lines += [
+            "",
+            f"### {m['label']}: {len(reps)} repetitions, each a fresh process"
+            + (f" (spread of their medians {spread:.1%})" if isinstance(spread, (int, float)) else ""),
+            "",
+            "| repetition | runs | p50 ms | p90 ms | p99 ms | stopped by | other processes' CPU | stable |",
+            "|---:|---:|---:|---:|---:|---|---:|---|",
+        ]
+        for r in reps:
+            lat = r["latency_ms"]
+            load = r.get("foreign_cpu_fraction")
+            stable = "yes" if r.get("stable", True) else "no: " + "; ".join(r.get("reasons") or [])
+            cells = [str(r.get("index", "")), str(r["runs"]), *(_ms(lat[k]) for k in ("p50", "p90", "p99"))]
+            cells += [
+                str(r.get("stopped_by") or "-"),
+                f"{load:.0%}" if isinstance(load, (int, float)) else "-",
+            ]
+            lines.append("| " + " | ".join([*cells, stable]) + " |")
+    return lines
 
 
 def _verdict_words(lo: float, hi: float, a: str, b: str) -> str:
@@ -122,6 +175,10 @@ def gate_section(data: Mapping[str, Any]) -> str:
         if what == "source":
             base, cand = f"`{base}`", f"`{cand}`"
         lines.append(f"| {what} | {base} | {cand} |".replace("|  |", "| |"))
+    unstable = unstable_inputs(data)
+    if unstable:
+        lines += ["", "**Unstable inputs**: the verdict rests on measurements the machine disturbed.", ""]
+        lines += [f"- {line}" for line in unstable]
     return "\n".join(lines) + "\n"
 
 

@@ -24,58 +24,199 @@ def fmt_ms(value: float) -> str:
     return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
 
 
+def shorten_label(text: str, width: int) -> str:
+    """Fit a label into `width` characters by cutting its middle, keeping a trailing '@b8' whole.
+
+    Labels are shortened, never numbers: the full label is in the JSON and Markdown reports.
+    """
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    head, at, tail = text.rpartition("@")
+    suffix = at + tail if head and len(at + tail) < width // 2 else ""
+    body = head if suffix else text
+    room = width - len(suffix) - 1  # one for the ellipsis
+    left = (room + 1) // 2
+    right = room - left
+    return body[:left] + "…" + (body[len(body) - right :] if right > 0 else "") + suffix
+
+
+def _fit_first_column(table_for: Any, labels: list[str], console: Console) -> int:
+    """The first column's width that makes the whole table fit the console: the other columns
+    keep their natural width (numbers are never cut), the labels give way."""
+    natural = max([len(label) for label in labels] + [5])
+    probe = Console(width=10_000, record=True, color_system=None, file=_NullFile())
+    probe.print(table_for(natural))
+    used = max((len(line) for line in probe.export_text().splitlines()), default=0)
+    return max(8, natural - max(0, used - console.width))
+
+
+class _NullFile:
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def tail_marks(m: Mapping[str, Any]) -> dict[str, int]:
+    """{percentile key: runs it needs} for the tails a measurement has too few runs to estimate."""
+    marks = m.get("too_few_runs_for")
+    if marks is None:  # a report written before lto recorded it
+        from optimize.bench.engine import tail_flags
+
+        marks = tail_flags(int(m.get("runs") or 0))
+    return dict(marks)
+
+
 def render_measurements(report: dict[str, Any], console: Console) -> None:
-    table = Table(
-        title=f"lto {report['kind']}: latency in ms",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        show_edge=False,
-        padding=(0, 1),
-        collapse_padding=True,
-    )
-    table.add_column("label", no_wrap=True, overflow="ellipsis", max_width=30)
-    for col in ("b", "p50", "p90", "p99", "p99.9", "p50 CI", "CV", "thr/s", "runs"):
-        table.add_column(col, justify="right", no_wrap=True)
-    unstable: list[str] = []
-    for m in report["results"]:
+    results = report["results"]
+    rows: list[list[str]] = []
+    thin: dict[str, int] = {}
+    for m in results:
         lat = m["latency_ms"]
         lo, hi = lat["median_ci95"]
         half = (hi - lo) / 2 / lat["p50"] if lat["p50"] else 0.0
-        style = None if m["stability"]["stable"] else "yellow"
-        table.add_row(
-            m["label"],
-            str(m["batch_size"]),
-            fmt_ms(lat["p50"]),
-            fmt_ms(lat["p90"]),
-            fmt_ms(lat["p99"]),
-            fmt_ms(lat["p999"]),
-            f"±{half:.1%}",
-            f"{lat['cv']:.0%}",
-            f"{m['throughput_per_s']:,.0f}",
-            str(m["runs"]),
-            style=style,
+        marks = {k: n for k, n in tail_marks(m).items() if k in _PCT_NAMES}  # the columns shown
+        thin.update(marks)
+
+        def tail(key: str, lat: Mapping[str, Any] = lat, marks: dict[str, int] = marks) -> str:
+            return fmt_ms(lat[key]) + ("*" if key in marks else "")
+
+        reps = m.get("repetitions")
+        rows.append(
+            [
+                m["label"],
+                str(m["batch_size"]),
+                fmt_ms(lat["p50"]),
+                tail("p90"),
+                tail("p99"),
+                tail("p999"),
+                f"±{half:.1%}",
+                f"{lat['cv']:.0%}",
+                f"{m['throughput_per_s']:,.0f}",
+                f"{m['runs']}" + (f"/{len(reps)}" if reps else ""),
+            ]
         )
+    repeated = any(m.get("repetitions") for m in results)
+
+    def table_for(label_width: int) -> Table:
+        table = Table(
+            title=f"lto {report['kind']}: latency in ms",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            show_edge=False,
+            padding=(0, 1),
+            collapse_padding=True,
+        )
+        table.add_column("label", no_wrap=True, overflow="ellipsis", width=label_width)
+        runs_col = "runs/reps" if repeated else "runs"
+        for col in ("b", "p50", "p90", "p99", "p99.9", "p50 CI", "CV", "thr/s", runs_col):
+            table.add_column(col, justify="right", no_wrap=True)
+        for row, m in zip(rows, results, strict=True):
+            style = None if m["stability"]["stable"] else "yellow"
+            table.add_row(escape(shorten_label(row[0], label_width)), *row[1:], style=style)
+        return table
+
+    console.print(table_for(_fit_first_column(table_for, [r[0] for r in rows], console)))
+    for m in results:
         if not m["stability"]["stable"]:
-            unstable.append(f"{m['label']}: " + "; ".join(m["stability"]["reasons"]))
-    console.print(table)
-    for line in unstable:
-        console.print(f"[yellow]unstable[/] {line}")
+            console.print(
+                f"[yellow]unstable[/] {escape(m['label'])}: " + escape("; ".join(m["stability"]["reasons"])),
+                highlight=False,
+            )
+    if thin:
+        needs = ", ".join(f"{_PCT_NAMES[k]} {n:,}" for k, n in sorted(thin.items(), key=lambda kv: kv[1]))
+        console.print(
+            f"[dim]* too few runs to estimate this tail (runs needed: {needs}); it is close to the "
+            "largest run, not a percentile: ask for more with --min-runs[/]",
+            highlight=False,
+        )
+    if repeated:
+        console.print(
+            "[dim]runs/reps: runs pooled over repetitions, each a fresh process; p50 CI is over the "
+            "repetitions' medians[/]",
+            highlight=False,
+        )
     comparison = report.get("comparison")
     if comparison:
         b = comparison["labels"][1]
         lo, hi = comparison["ratio_ci95"]
         ratio = comparison["ratio"]
         if hi < 1.0:
-            verdict = f"[green]{b} is faster[/] ({1 / ratio:.2f}x)"
+            verdict = f"[green]{escape(b)} is faster[/] ({1 / ratio:.2f}x)"
         elif lo > 1.0:
-            verdict = f"[red]{b} is slower[/] ({ratio:.2f}x the latency)"
+            verdict = f"[red]{escape(b)} is slower[/] ({ratio:.2f}x the latency)"
         else:
             verdict = "no difference at 95% confidence"
         console.print(
             f"{comparison['metric']} ratio B/A = [bold]{ratio:.3f}[/] (95% CI {lo:.3f}–{hi:.3f}, "
             f"{comparison['chunks']} interleaved chunks): {verdict}"
         )
+
+
+_PCT_NAMES = {"p90": "p90", "p99": "p99", "p999": "p99.9"}
+
+
+class BudgetProgress:
+    """Progress of work whose longest duration is known (--time, --time-budget), with an ETA.
+
+    On a terminal: a bar that fills against the budget and the time left at most. Piped (a CI
+    log): a plain line at most every `every_s` seconds, since a live bar prints nothing there.
+    The ETA is an upper bound: a measurement may stop early once its CI is narrow enough.
+    """
+
+    def __init__(self, console: Console, total_s: float, every_s: float = 10.0, quiet: bool = False) -> None:
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+
+        self.console = console
+        self.total_s = max(total_s, 1e-9)
+        self.every_s = every_s
+        self._done_s = 0.0  # time of finished measurements
+        self._current: tuple[str, float] = ("", 0.0)
+        self._last_line = -1e9
+        self._live = console.is_terminal and not quiet
+        self._quiet = quiet
+        self._bar = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=20),
+            TextColumn("{task.fields[eta]}"),
+            console=console,
+            transient=True,
+            disable=not self._live,
+        )
+        self._task: Any = None
+
+    def __enter__(self) -> BudgetProgress:
+        self._bar.__enter__()
+        self._task = self._bar.add_task("starting", total=self.total_s, eta="")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.__exit__(*exc)  # type: ignore[arg-type]
+
+    def update(self, label: str, runs: int, elapsed: float) -> None:
+        name, last = self._current
+        if label != name or elapsed < last:  # a new measurement started
+            self._done_s += last
+        self._current = (label, elapsed)
+        spent = min(self.total_s, self._done_s + elapsed)
+        left = max(0.0, self.total_s - spent)
+        eta = f"≤{_clock(left)} left"
+        text = f"measuring {label}: {runs:,} runs, {elapsed:.1f}s"
+        if self._live:
+            self._bar.update(self._task, description=escape(text), completed=spent, eta=eta)
+        elif not self._quiet and spent - self._last_line >= self.every_s:
+            self._last_line = spent
+            self.console.print(f"{text} ({eta})", highlight=False, markup=False)
+
+
+def _clock(seconds: float) -> str:
+    whole = round(seconds)
+    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,13 +233,20 @@ def render_gate(data: Mapping[str, Any], console: Console) -> None:
         title_justify="left",
     )
     table.add_column("")
-    table.add_column("baseline", justify="right")
-    table.add_column("candidate", justify="right")
-    for row in gate_rows(data):
-        table.add_row(*row)
-    table.caption = str(data["reason"])
-    table.caption_justify = "left"
+    table.add_column("baseline", justify="right", overflow="fold")
+    table.add_column("candidate", justify="right", overflow="fold")
+    # Figures of both sides go in the table; those of the comparison as a whole (the change and
+    # its CI, the test, the budget) below it, where they are not squeezed into one narrow column.
+    whole: list[tuple[str, str]] = []
+    for what, base, cand in gate_rows(data):
+        if base == "" and cand:
+            whole.append((what, cand))
+        else:
+            table.add_row(escape(what), escape(base), escape(cand))
     console.print(table)
+    for what, value in whole:
+        console.print(f"{escape(what)}: {escape(value)}", highlight=False)
+    console.print(str(data["reason"]), highlight=False, markup=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,7 +418,15 @@ def render_inspection(info: dict[str, Any], console: Console) -> None:
         console.print(f"[bold]{label}[/]: {status}", highlight=False)
 
 
-_STATUS_STYLE = {"kept": "green", "rejected": "yellow", "skipped": "dim", "failed": "red", "baseline": "cyan"}
+# "reverted": kept, then sent back by the final side-by-side comparison with the original.
+_STATUS_STYLE = {
+    "kept": "green",
+    "rejected": "yellow",
+    "reverted": "yellow",
+    "skipped": "dim",
+    "failed": "red",
+    "baseline": "cyan",
+}
 
 
 def optimize_row_line(record: StageRecord) -> str:
@@ -291,22 +447,36 @@ def render_optimize_summary(
     """The per-stage table, the artifact's headline figures, the verdict and the warnings."""
     from pathlib import Path
 
-    from optimize.render.optimize_section import TABLE_HEADER, TABLE_NOTE, accuracy_cell, table_rows
+    from optimize.render.optimize_section import accuracy_cell, table_rows
 
     section = report["optimize"]
-    table = Table(
-        title=f"lto optimize: {escape(Path(report['model']['path']).name)}",
-        title_justify="left",
-        caption=escape(TABLE_NOTE),
-        caption_justify="left",
-    )
-    for name in TABLE_HEADER:
-        table.add_column(name, justify="right" if name in ("p50 ms", "p99 ms", "speedup") else "left",
-                         overflow="fold", max_width=60 if name == "reason" else None)  # fmt: skip
-    for row in table_rows(section):
-        style = _STATUS_STYLE.get(row[1], "")
-        table.add_row(*[escape(c) for c in row], style=style if row[1] != "skipped" else "dim")
-    console.print(table)
+    # The rows' reasons and accuracy were streamed as each stage finished (optimize_row_line)
+    # and are in report.md: this table only lines the figures up, one line per stage.
+    rows = [[row[0], row[1], row[2], row[3], row[4]] for row in table_rows(section)]
+
+    def table_for(label_width: int) -> Table:
+        table = Table(
+            title=f"lto optimize: {escape(Path(report['model']['path']).name)}",
+            title_justify="left",
+            caption="speedup: vs ONNX Runtime defaults, chained through side-by-side ratios; "
+            "reasons above and in report.md",
+            caption_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            show_edge=False,
+            collapse_padding=True,
+        )
+        table.add_column("stage", no_wrap=True, width=label_width)
+        table.add_column("status", no_wrap=True)
+        for name in ("p50 ms", "p99 ms", "speedup"):
+            table.add_column(name, justify="right", no_wrap=True)
+        for row in rows:
+            style = _STATUS_STYLE.get(row[1], "")
+            cells = [escape(shorten_label(row[0], label_width)), *[escape(c) for c in row[1:]]]
+            table.add_row(*cells, style=style)
+        return table
+
+    console.print(table_for(_fit_first_column(table_for, [r[0] for r in rows], console)))
     slo, shi = section["speedup_ci95"]
     console.print(
         f"artifact: [bold]{escape(str(artifact_dir))}[/] ({escape(section['best']['label'])}), "

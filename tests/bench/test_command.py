@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from optimize.report import load_report
 from tests.cli_helpers import assert_clean_error, run_lto
@@ -64,3 +65,72 @@ def test_bench_user_errors_are_one_line(tiny_model: Path, tmp_path: Path) -> Non
     assert_clean_error(run_lto("bench"), 2, "MODEL")
     bert = sample_path("bert_tiny.onnx")
     assert_clean_error(run_lto("bench", bert), 2, "sequence", "--shape")
+
+
+def test_repeat_runs_each_repetition_in_a_fresh_process(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "repeated.json"
+    args = ["--repeat", "3", "--warmup", "2", "--time", "0.2"]
+    proc = run_lto("bench", tiny_model, *args, "-o", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = load_report(out)
+    (m,) = report["results"]
+    reps = m["repetitions"]
+    assert len(reps) == 3 and report["settings"]["repeat"] == 3
+    # the pooled runs are the repetitions' runs, in order, and each spent its --time (no CI stop)
+    assert sum(r["runs"] for r in reps) == m["runs"] == len(m["samples_ms"])
+    assert all(r["stopped_by"] in ("time", "runs") for r in reps)
+    starts = np.cumsum([0] + [r["runs"] for r in reps])
+    for r, a, b in zip(reps, starts[:-1], starts[1:], strict=True):
+        assert r["latency_ms"]["p50"] == pytest.approx(np.percentile(m["samples_ms"][a:b], 50), abs=1e-5)
+    # the median's interval is over the repetitions' medians: with 3 it is their whole range
+    p50s = [r["latency_ms"]["p50"] for r in reps]
+    assert m["latency_ms"]["median_ci95"] == [min(p50s), max(p50s)]
+    assert "repetition_spread" in m["stability"] and "reasons" in m["stability"]
+
+
+def test_repeat_passes_a_childs_error_on_as_one_line(tmp_path: Path) -> None:
+    bert = sample_path("bert_tiny.onnx")
+    assert_clean_error(run_lto("bench", bert, "--repeat", "2", "--time", "0.1"), 2, "sequence", "--shape")
+    assert_clean_error(
+        run_lto("bench", bert, "--compare", bert, "--repeat", "2"), 2, "--repeat applies to a single target"
+    )
+
+
+def test_minimum_runs_and_time_win_over_the_maxima(tiny_model: Path) -> None:
+    args = ["--warmup", "1", "--min-runs", "400", "--runs", "400", "--time", "0.01"]
+    proc = run_lto("bench", tiny_model, *args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    (m,) = json.loads(proc.stdout)["results"]
+    assert m["runs"] >= 400  # --time 10 ms would have stopped it far earlier
+    assert m["too_few_runs_for"] == {"p999": 3688, "p99": 368} or m["too_few_runs_for"] == {"p999": 3688}
+    proc = run_lto("bench", tiny_model, "--warmup", "1", "--min-time", "0.5", "--time", "1", "--runs", "20",
+                   "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (m,) = json.loads(proc.stdout)["results"]
+    assert m["wall_s"] >= 0.5 and m["runs"] > 20  # the minimum time outlasts --runs
+    assert_clean_error(run_lto("bench", tiny_model, "--min-runs", "50", "--runs", "10"), 2, "--min-runs 50")
+    assert_clean_error(run_lto("bench", tiny_model, "--min-time", "5s", "--time", "1s"), 2, "--min-time")
+
+
+def test_help_says_which_limits_are_maxima_and_minima() -> None:
+    proc = run_lto("bench", "--help")
+    text = " ".join(proc.stdout.split())
+    assert "At most this many timed runs" in text and "At most this much time" in text
+    assert "At least this many timed runs" in text and "--min-time" in text and "--repeat" in text
+
+
+def test_bench_table_keeps_every_number_at_80_columns_when_piped(tmp_path: Path) -> None:
+    model = make_matmul_model(tmp_path / "a_very_long_model_name_from_some_model_zoo_int8_v2.onnx")
+    proc = run_lto("bench", model, "--batch", "1,8", *FAST, "-o", tmp_path / "r.json", env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    report = load_report(tmp_path / "r.json")
+    lines = proc.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("label"))
+    assert header.split() == ["label", "b", "p50", "p90", "p99", "p99.9", "p50", "CI", "CV", "thr/s", "runs"]
+    rows = [line for line in lines if "@b" in line and not line.startswith(("unstable", "*"))]
+    assert len(rows) == 2 and all(len(line) <= 80 for line in lines if line in rows or line == header)
+    for row, m in zip(rows, report["results"], strict=True):
+        cells = row.split()
+        assert cells[0].endswith(f"@b{m['batch_size']}") and "…" in cells[0]
+        assert cells[1] == str(m["batch_size"]) and cells[-1] == str(m["runs"])
+        assert cells[-2] == f"{m['throughput_per_s']:,.0f}"

@@ -17,10 +17,8 @@ from optimize.report import load_report, new_report
 from optimize.serve.loadgen import HttpEndpoint, LoadResult, LoadSettings, MaxQpsSearch
 from optimize.serve.loadgen import load_report as make_load_report
 from tests.cli_helpers import run_lto
-from tests.conftest import sample_path
+from tests.render.conftest import KINDS
 from tests.test_report import SAMPLE_MEASUREMENT
-
-KINDS = ("bench", "compare", "optimize", "load", "gate")
 
 
 def _bench_report(tmp_path: Path) -> dict[str, Any]:
@@ -57,8 +55,10 @@ def test_a_section_renderer_that_cannot_be_imported_is_an_error(
 
 def _gate_data() -> dict[str, Any]:
     rng = np.random.default_rng(0)
-    base = Side("base.json", "m", rng.normal(1.0, 0.01, 200), fingerprint="f")
-    cand = Side("cand.json", "m", rng.normal(0.5, 0.01, 200), fingerprint="f")
+    base_parts = [rng.normal(1.0, 0.01, 40) for _ in range(6)]
+    cand_parts = [rng.normal(0.5, 0.01, 40) for _ in range(6)]
+    base = Side("base.json", "m", np.concatenate(base_parts), fingerprint="f", repetitions=base_parts)
+    cand = Side("cand.json", "m", np.concatenate(cand_parts), fingerprint="f", repetitions=cand_parts)
     return decide(base, cand).to_json()
 
 
@@ -127,29 +127,6 @@ def test_load_section_of_a_max_qps_search() -> None:
 # -- every report kind, produced by the real commands ---------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One real report of each kind on the smallest sample model, made once for the module."""
-    model = sample_path("mlp_small.onnx")
-    out = tmp_path_factory.mktemp("reports")
-    paths = {kind: out / f"{kind}.json" for kind in KINDS}
-    paths["optimize"] = out / "optimized" / "report.json"
-    commands: dict[str, list[Any]] = {
-        "bench": ["bench", model, "--time", "0.3"],
-        "compare": ["bench", model, "--compare", model, "--time", "0.3"],
-        "load": ["load", model, "--requests", "20", "--slo-ms", "10000"],
-        "gate": ["gate", "--rerun", "--baseline", model, "--candidate", model, "--time", "0.3"],
-        "optimize": ["optimize", model, "--target-ms", "100", "--stop-at-target"],
-    }
-    for kind, args in commands.items():
-        # `lto optimize -o` names the artifact folder, which holds report.json
-        proc = run_lto(*args, "-o", paths[kind].parent if kind == "optimize" else paths[kind])
-        # the gate exits with its verdict's code; the rest succeed
-        ok = proc.returncode in EXIT_CODES.values() if kind == "gate" else proc.returncode == 0
-        assert ok and paths[kind].is_file(), (kind, proc.returncode, proc.stderr[-2000:])
-    return paths
-
-
 def _ms(value: float) -> str:
     return f"{value:.3f}"
 
@@ -189,7 +166,10 @@ def test_lto_report_renders_every_kind_as_markdown_with_its_numbers(
         gate = data["gate"]
         assert f"lto gate: {gate['verdict']} (exit {gate['exit_code']})" in text
         assert gate["reason"] in text
-        assert f"| p50 | {_ms(gate['baseline_value'])} ms | {_ms(gate['candidate_value'])} ms |" in text
+        if gate["baseline_value"] is None:  # a loaded machine can leave too few chunks to compare
+            assert "| p50 | - | - |" in text and gate["verdict"] == "inconclusive"
+        else:
+            assert f"| p50 | {_ms(gate['baseline_value'])} ms | {_ms(gate['candidate_value'])} ms |" in text
 
 
 def test_lto_report_writes_the_same_markdown_to_a_file(reports: dict[str, Path], tmp_path: Path) -> None:
@@ -198,3 +178,18 @@ def test_lto_report_writes_the_same_markdown_to_a_file(reports: dict[str, Path],
     assert proc.returncode == 0, proc.stderr
     # the file also ends with lto's "may replace" marker
     assert out.read_text().startswith(render_markdown(json.loads(reports["load"].read_text())))
+
+
+def test_markdown_lists_repetitions_and_flags_thin_tails(tmp_path: Path) -> None:
+    from tests.gate.test_gate import repetitions, write_bench_report
+
+    path = write_bench_report(tmp_path / "r.json", repetitions(reps=5, seed=1, runs=80))
+    report = load_report(path)
+    (m,) = report["results"]
+    text = render_markdown(report)
+    assert "### mlp@b1: 5 repetitions, each a fresh process" in text
+    for r in m["repetitions"]:
+        assert f"| {r['index']} | {r['runs']} | {r['latency_ms']['p50']:.3f} |" in text
+    # 400 runs: enough for a p99 (368), not for a p99.9 (3,688)
+    assert m["too_few_runs_for"] == {"p999": 3688}
+    assert "- mlp@b1: 400 runs are too few to estimate its tail (p99.9 needs 3,688)" in text
