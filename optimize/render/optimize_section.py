@@ -78,16 +78,19 @@ def accuracy_lines(acc: Mapping[str, Any]) -> list[str]:
 
 
 def table_rows(section: Mapping[str, Any]) -> list[list[str]]:
-    """Rows of the final table: stage, status, p50, p99, speedup, accuracy, reason."""
+    """Rows of the final table: stage, status, p50, the p50 of the side it was measured against
+    in the same run (what its verdict compares), p99, speedup, accuracy, reason."""
     rows = []
     for r in section.get("stages", []):
         lat = r.get("latency_ms") or {}
+        versus = (r.get("versus") or {}).get("latency_ms") or {}
         speed = r.get("speedup_vs_baseline")
         rows.append(
             [
                 r["label"],
                 r["status"],
                 _fmt_ms(lat.get("p50")),
+                _fmt_ms(versus.get("p50")),
                 _fmt_ms(lat.get("p99")),
                 f"{speed:.2f}x" if isinstance(speed, (int, float)) else "–",
                 accuracy_cell(r.get("accuracy")),
@@ -97,12 +100,13 @@ def table_rows(section: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
-TABLE_HEADER = ["stage", "status", "p50 ms", "p99 ms", "speedup", "accuracy", "reason"]
+TABLE_HEADER = ["stage", "status", "p50 ms", "vs best", "p99 ms", "speedup", "accuracy", "reason"]
 TABLE_NOTE = (
     "p50/p99 come from each candidate's own interleaved comparison and carry the machine's load at that "
-    "moment; compare rows by speedup: the baseline's speedup chained through each candidate's ratio "
-    "against the best so far. A candidate is kept only when it is accurate and faster by the recipe's "
-    "minimum with its ratio's 95% CI below 1, twice (the second time on fresh sessions)."
+    'moment; "vs best" is the p50 of the best so far in that same comparison, the figure the row\'s '
+    "verdict compares with. Compare rows by speedup: the baseline's speedup chained through each "
+    "candidate's ratio against the best so far. A candidate is kept only when it is accurate and faster "
+    "by the recipe's minimum with its ratio's 95% CI below 1, twice (the second time on fresh sessions)."
 )
 
 

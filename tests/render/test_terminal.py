@@ -111,6 +111,7 @@ def _optimize_report(rows: int) -> dict[str, Any]:
                 "label": f"memory-layout:nchwc8-saved-nospin-variant-{i}",
                 "status": status,
                 "latency_ms": {"p50": 1.5 + i / 100, "p99": 2.5} if timed else None,
+                "versus": {"label": "baseline", "latency_ms": {"p50": 1.91, "p99": 2.9}} if timed else None,
                 "speedup_vs_baseline": 1.25 + i / 100 if timed else None,
                 "accuracy": {"worst": {"cosine": 0.999912}},
                 "reason": "a long reason that explains in many words why this candidate was judged so " * 2,
@@ -137,6 +138,19 @@ def test_optimize_summary_is_one_line_a_stage_at_80_columns() -> None:
     assert len(lines) < 25
     reverted = next(line for line in stage_lines if "reverted" in line)
     assert "1.52" in reverted and "1.27x" in reverted
+    # Beside its p50, the p50 its verdict compared with: the best's in the same interleaved run.
+    assert "1.91" in reverted and "vs best" in text
+
+
+def test_streamed_row_shows_the_same_run_figure_its_verdict_compares() -> None:
+    from optimize.pipeline.summary import StageRecord
+    from optimize.render.terminal import optimize_row_line
+
+    record = StageRecord("quantize", "quantize:qdq", "rejected", "slower than baseline (p50 ratio 1.05)")
+    record.latency_ms = {"p50": 1.344, "p99": 2.0}
+    record.versus = {"label": "baseline", "latency_ms": {"p50": 1.280, "p99": 1.9}}
+    line = optimize_row_line(record)
+    assert "p50 1.344 ms vs 1.280 ms" in line  # both from one run: the verdict and figures agree
 
 
 def test_streamed_row_styles_a_reverted_candidate() -> None:
