@@ -169,12 +169,22 @@ def openvino(config: Mapping[str, Any], precision: str) -> TritonRuntime:
             config["ENABLE_CPU_PINNING"],
             "Triton's openvino backend uses OpenVINO's default pinning",
         )
+    if str(config.get("SNIPPETS_MODE", "")).upper() == "DISABLE":
+        _lost(
+            runtime,
+            "SNIPPETS_MODE",
+            config["SNIPPETS_MODE"],
+            "lto accuracy-checked this model with OpenVINO's fused subgraphs off because, with them "
+            "on, OpenVINO 2026.4 gave wrong outputs on this CPU (shared notes: openvino.md); Triton's "
+            "openvino backend cannot turn them off: check its outputs before serving",
+        )
     known = {
         "PERFORMANCE_HINT",
         "INFERENCE_NUM_THREADS",
         "NUM_STREAMS",
         "INFERENCE_PRECISION_HINT",
         "ENABLE_CPU_PINNING",
+        "SNIPPETS_MODE",
     }
     for key in sorted(set(config) - known):
         _lost(runtime, key, config[key], "not passed to Triton's openvino backend")

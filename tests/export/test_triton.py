@@ -207,6 +207,17 @@ def test_openvino_f32_is_exported_with_a_warning_that_triton_cannot_pin_it(
     assert "HINT_BF16" not in params(parse_config(tmp_path / "repo" / "ov"))
 
 
+def test_openvino_without_fused_subgraphs_warns_that_triton_runs_them(
+    make_artifact: ArtifactMaker, tmp_path: Path
+) -> None:
+    config = {"INFERENCE_PRECISION_HINT": "bf16", "SNIPPETS_MODE": "DISABLE"}
+    artifact = make_artifact(backend="openvino", runtime_config=config)
+    result = export_triton(ExportRequest(artifact, tmp_path / "repo", name="ov"))
+    (warning,) = [w for w in result.warnings if w.startswith("SNIPPETS_MODE")]
+    assert "wrong outputs" in warning and "check its outputs before serving" in warning
+    assert "SNIPPETS_MODE" not in params(parse_config(tmp_path / "repo" / "ov"))
+
+
 def test_openvino_artifact_of_an_onnx_file_keeps_it_as_model_onnx(
     make_artifact: ArtifactMaker, tmp_path: Path
 ) -> None:
