@@ -717,3 +717,12 @@ def test_the_report_says_what_each_runtime_achieved(tmp_path: Path) -> None:
             "status": "kept",
         }
     }
+
+
+def test_the_original_ships_when_the_artifact_measures_slower_even_without_confidence() -> None:
+    from optimize.pipeline import judge
+
+    bench = FakeBench({"a": 1.0})
+    a, b = bench._measurement("a", 1), bench._measurement("a", 2)
+    assert judge.original_wins_final(Comparison(a, b, "p50", 1.05, (0.9, 1.2), 8))  # slower, CI holds 1
+    assert not judge.original_wins_final(Comparison(a, b, "p50", 0.95, (0.8, 1.1), 8))
