@@ -73,6 +73,16 @@ class AccuracyResult:
     user_metric: dict[str, Any] | None = None  # {"name", "score", "ok"} of --metric
     samples: int = 0
 
+    def attempt_summary(self) -> dict[str, Any]:
+        """The short record a searching stage keeps of one gate check: ok, worst cosine, reason."""
+        worst = min((m.get("cosine", 1.0) for m in self.per_output.values()), default=None)
+        summary: dict[str, Any] = {"accuracy_ok": self.ok}
+        if worst is not None:
+            summary["worst_cosine"] = round(float(worst), 6)
+        if self.reason:
+            summary["reason"] = self.reason
+        return summary
+
 
 class MetricError(UsageError):
     """The user's --metric file failed (import, signature, a raise, a bad return): a usage error."""

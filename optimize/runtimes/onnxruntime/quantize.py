@@ -372,7 +372,7 @@ class _Search:
 
     def calibration(self) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
         if self._calibration is None:
-            self._calibration = _calibration(self.ctx)
+            self._calibration = calibration_samples(self.ctx)
         return self._calibration
 
     def prepared(self, static: bool) -> tuple[Path, str]:
@@ -405,7 +405,7 @@ class _Search:
                     raise
                 return None
             result = ctx.check_accuracy(cand)
-            attempts.append({"group": group, "excluded": len(excluded), **_gate_summary(result)})
+            attempts.append({"group": group, "excluded": len(excluded), **result.attempt_summary()})
             return _Tried(cand, excluded, result, group)
 
         ctx.status and ctx.status(f"{point.label}: quantizing")
@@ -567,7 +567,12 @@ def _prepare(source: Path, ctx: StageContext, static: bool) -> tuple[Path, str]:
     return prepared, "; ".join(notes) or "none"
 
 
-def _calibration(ctx: StageContext) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
+def calibration_samples(
+    ctx: StageContext, purpose: str = "int8"
+) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
+    """(samples, where they came from): --calib-data (ctx.options["calib_data"]) or generated
+    inputs, with a WARNING in the log, since synthetic activation ranges may not match real ones.
+    Shared by ONNX Runtime's and OpenVINO's int8 stages."""
     count = int(ctx.options.get("calib_samples", DEFAULT_CALIB_SAMPLES))
     source = ctx.options.get("calib_data")
     if source is not None:
@@ -575,8 +580,8 @@ def _calibration(ctx: StageContext) -> tuple[list[dict[str, np.ndarray]], dict[s
         origin = str(source) if not isinstance(source, (list, tuple)) else "list"
         return samples, {"source": origin, "samples": len(samples)}
     ctx.log(
-        f"WARNING: calibrating on {count} generated inputs (no --calib-data); activation ranges from "
-        "synthetic data may not match real inputs. Pass --calib-data FILE.npz for representative ranges."
+        f"WARNING: calibrating {purpose} on {count} generated inputs (no --calib-data); activation ranges "
+        "from synthetic data may not match real inputs. Pass --calib-data FILE.npz for representative ranges."
     )
     return generated_calibration(ctx, count), {"source": "generated", "samples": count}
 
@@ -776,16 +781,6 @@ def _check_loads(path: Path) -> None:
     ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-def _gate_summary(result: AccuracyResult) -> dict[str, Any]:
-    worst = min((m.get("cosine", 1.0) for m in result.per_output.values()), default=None)
-    summary: dict[str, Any] = {"accuracy_ok": result.ok}
-    if worst is not None:
-        summary["worst_cosine"] = round(float(worst), 6)
-    if result.reason:
-        summary["reason"] = result.reason
-    return summary
-
-
 @contextlib.contextmanager
 def _quiet() -> Any:
     """onnxruntime.quantization prints and logs warnings freely; keep them off the progress display."""
@@ -799,4 +794,4 @@ def _quiet() -> Any:
         root.setLevel(level)
 
 
-__all__ = ["QuantizeStage", "load_calibration"]
+__all__ = ["QuantizeStage", "calibration_samples", "generated_calibration", "load_calibration"]

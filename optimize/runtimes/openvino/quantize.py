@@ -37,7 +37,7 @@ import openvino as ov
 from optimize.accuracy import AccuracyResult
 from optimize.errors import InputError, LtoError, message_line
 from optimize.runtimes.onnxruntime.quant_sensitivity import backoff_sizes
-from optimize.runtimes.onnxruntime.quantize import generated_calibration, load_calibration
+from optimize.runtimes.onnxruntime.quantize import calibration_samples
 from optimize.runtimes.openvino.convert import thread_choices
 from optimize.runtimes.openvino.ir import (
     candidate,
@@ -52,7 +52,6 @@ from optimize.runtimes.openvino.ir import (
 from optimize.runtimes.openvino.sensitivity import attention_matmuls, quantized_nodes, rank_sensitive_nodes
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 
-DEFAULT_CALIB_SAMPLES = 16
 DEFAULT_BACKOFF_ROUNDS = 3
 _QUANTIZED_ONNX_OPS = frozenset(
     {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
@@ -114,7 +113,7 @@ class OpenVinoQuantizeStage(Stage):
         ops = {op.rpartition(":")[2]: n for op, n in op_counts(read_model(source, False)).items()}
         transformer = is_transformer(ops)
         float_model = ov.Core().read_model(str(source))
-        samples, calibration = self._calibration(ctx)
+        samples, calibration = calibration_samples(ctx, "NNCF int8")
         settings = self._settings(ctx.options, transformer)
         ctx.log(
             f"NNCF int8 of {why}: "
@@ -154,7 +153,7 @@ class OpenVinoQuantizeStage(Stage):
             done = _Trial(step, dict(trial_settings), list(excluded), snippets, cand, result, quantized)
             tried.append(done)
             attempts.append(
-                {"step": step, "excluded": len(excluded), "snippets": snippets, **_gate_summary(result)}
+                {"step": step, "excluded": len(excluded), "snippets": snippets, **result.attempt_summary()}
             )
             how = f"{len(excluded)} node(s) in float" + ("" if snippets else ", fused subgraphs off")
             ctx.log(f"int8 {step} ({how}): {'pass' if result.ok else 'fail: ' + result.reason}")
@@ -236,19 +235,6 @@ class OpenVinoQuantizeStage(Stage):
 
     # -- steps ---------------------------------------------------------------------------------
 
-    def _calibration(self, ctx: StageContext) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
-        count = int(ctx.options.get("calib_samples", DEFAULT_CALIB_SAMPLES))
-        source = ctx.options.get("calib_data")
-        if source is not None:
-            samples = load_calibration(source, ctx.feeds)
-            origin = str(source) if not isinstance(source, (list, tuple)) else "list"
-            return samples, {"source": origin, "samples": len(samples)}
-        ctx.log(
-            f"WARNING: calibrating NNCF int8 on {count} generated inputs (no --calib-data); activation "
-            "ranges from synthetic data may not match real inputs. Pass --calib-data FILE.npz."
-        )
-        return generated_calibration(ctx, count), {"source": "generated", "samples": count}
-
     @staticmethod
     def _settings(options: Mapping[str, Any], transformer: bool) -> dict[str, Any]:
         preset = str(options.get("preset", "auto"))
@@ -298,16 +284,6 @@ class OpenVinoQuantizeStage(Stage):
                 return nncf.quantize(model, nncf.Dataset(samples), **kwargs)
         except nncf.ValidationError as exc:  # e.g. an exclude_nodes name the model does not have
             raise InputError(f"openvino-quantize: {message_line(exc)}") from exc
-
-
-def _gate_summary(result: AccuracyResult) -> dict[str, Any]:
-    worst = min((m.get("cosine", 1.0) for m in result.per_output.values()), default=None)
-    summary: dict[str, Any] = {"accuracy_ok": result.ok}
-    if worst is not None:
-        summary["worst_cosine"] = round(float(worst), 6)
-    if result.reason:
-        summary["reason"] = result.reason
-    return summary
 
 
 __all__ = ["OpenVinoQuantizeStage", "is_transformer"]
