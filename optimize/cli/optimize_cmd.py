@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -235,7 +236,7 @@ def optimize_command(
         runtime=runtime,
     )
     request.validate()
-    with _RichProgress(show_rows=not json_out) as progress:
+    with _RichProgress(show_rows=not json_out, budget_s=time_budget) as progress:
         result = optimize(request, progress=progress)
     if json_out:
         print_json(result.report)
@@ -285,9 +286,11 @@ def _task_metric_flags(items: list[str]) -> dict[str, str]:
 
 
 class _RichProgress:
-    """A spinner with the current step on stderr; each finished row printed as it lands."""
+    """A spinner with the current step on stderr; each finished row printed as it lands. With a
+    --time-budget, the time left of it: a column on a terminal, a plain line at most every
+    `every_s` seconds when piped (a CI log shows no live spinner)."""
 
-    def __init__(self, show_rows: bool) -> None:
+    def __init__(self, show_rows: bool, budget_s: float | None = None, every_s: float = 30.0) -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         from optimize import interrupts
@@ -295,9 +298,14 @@ class _RichProgress:
         from optimize.render.terminal import optimize_row_line
 
         self.show_rows = show_rows
+        self.budget_s = budget_s
+        self.every_s = every_s
+        self._started = time.monotonic()
+        self._last_line = -1e9
         self._bar = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
+            TextColumn("{task.fields[left]}"),
             TimeElapsedColumn(),
             console=err_console,
             transient=True,
@@ -308,7 +316,9 @@ class _RichProgress:
         class Sink(Base):
             def status(self, text: str) -> None:
                 interrupts.set_activity(text)
-                outer._bar.update(outer._task, description=text)
+                left = outer.budget_left()
+                outer._bar.update(outer._task, description=text, left=left)
+                outer.plain_line(text, left)
 
             def record(self, record: StageRecord) -> None:
                 if outer.show_rows:
@@ -319,9 +329,27 @@ class _RichProgress:
 
         self.sink = Sink()
 
+    def budget_left(self) -> str:
+        """Like "2m10s of the 3m00s budget left": the ETA of an optimize run (the final
+        comparison and the artifact follow the budget's end, in seconds)."""
+        if not self.budget_s:
+            return ""
+        from optimize.render.terminal import clock
+
+        left = max(0.0, self.budget_s - (time.monotonic() - self._started))
+        return f"{clock(left)} of the {clock(self.budget_s)} budget left"
+
+    def plain_line(self, text: str, left: str) -> None:
+        if not left or not self.show_rows or err_console.is_terminal:
+            return
+        now = time.monotonic()
+        if now - self._last_line >= self.every_s:
+            self._last_line = now
+            err_console.print(f"{text} ({left})", highlight=False, markup=False, soft_wrap=True)
+
     def __enter__(self) -> Any:
         self._bar.__enter__()
-        self._task = self._bar.add_task("starting")
+        self._task = self._bar.add_task("starting", left=self.budget_left())
         return self.sink
 
     def __exit__(self, *exc: object) -> None:

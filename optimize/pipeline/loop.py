@@ -119,6 +119,7 @@ class Pipeline:
         self.labels: dict[str, np.ndarray] | None = None
         self.choices: dict[str, MetricChoice] = {}
         self.user_metric: UserMetric | None = None
+        self._loaded: dict[str, Stage | StageSkipped] = {}
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -434,8 +435,16 @@ class Pipeline:
                             continue
                         cand, produced = item, produced + 1
                         left = self._time_left()
+                        share_deadline = ctx.deadline if self._deadline is not None else None
+                        why = ""
                         if left is not None and left <= 0:
                             why = "the --time-budget was used up before it could be measured"
+                        elif judge.share_used_up(share_deadline, time.monotonic(), produced - 1):
+                            why = (
+                                "the stage's share of the --time-budget was used up "
+                                "before it could be measured"
+                            )
+                        if why:
                             self._add(
                                 StageRecord(spec.name, cand.label, "skipped", why, details=cand.details)
                             )
@@ -537,20 +546,48 @@ class Pipeline:
             time_left_s=self._time_left(),
         )
 
+    def _load_stage(self, name: str) -> Stage | StageSkipped:
+        """The stage registered as `name`, loaded once (or why it cannot load)."""
+        if name not in self._loaded:
+            try:
+                self._loaded[name] = self.stage_factory(name)
+            except StageSkipped as exc:
+                self._loaded[name] = exc
+        return self._loaded[name]
+
+    @staticmethod
+    def _stage_weight(spec: StageSpec) -> float:
+        return float(spec.budget_s) if spec.budget_s else judge.DEFAULT_STAGE_WEIGHT_S
+
+    def _runnable_after(self, spec: StageSpec) -> list[StageSpec]:
+        """The stages after `spec` that are on and can load: those a --time-budget is shared with
+        (a runtime that is not installed reserves nothing)."""
+        names = [s.name for s in self.recipe.stages]
+        later = self.recipe.stages[names.index(spec.name) + 1 :]
+        return [s for s in later if s.enabled and not isinstance(self._load_stage(s.name), StageSkipped)]
+
     def _open_stage(
         self, spec: StageSpec, best: Candidate, best_standard: Candidate
     ) -> tuple[Stage, StageContext] | StageRecord:
         """The stage and its context, or the record of why it does not run."""
         self.progress.status(f"{spec.name}: loading")
-        try:
-            stage = self.stage_factory(spec.name)
-        except StageSkipped as exc:
-            return StageRecord(spec.name, spec.name, "skipped", str(exc) or "not available")
+        loaded = self._load_stage(spec.name)
+        if isinstance(loaded, StageSkipped):
+            return StageRecord(spec.name, spec.name, "skipped", str(loaded) or "not available")
+        stage = loaded
         workdir = self.workdir / spec.name
         workdir.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + spec.budget_s if spec.budget_s else None
-        if self._deadline is not None:
-            deadline = min(deadline, self._deadline) if deadline is not None else self._deadline
+        now = time.monotonic()
+        deadline = now + spec.budget_s if spec.budget_s else None
+        left = self._time_left()
+        if left is not None:
+            later = [self._stage_weight(s) for s in self._runnable_after(spec)]
+            share = judge.stage_time_share(self._stage_weight(spec), later, left)
+            deadline = min(deadline, now + share) if deadline is not None else now + share
+            self._log(
+                f"{spec.name}: {share:.0f} s of the {left:.0f} s left in the --time-budget "
+                "(its share by the recipe's stage budgets)"
+            )
 
         def note_point(label: str, status: str, reason: str, details: dict[str, Any]) -> None:
             self._add(StageRecord(spec.name, label, status, reason, details=details))

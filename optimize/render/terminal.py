@@ -205,7 +205,7 @@ class BudgetProgress:
         self._current = (label, elapsed)
         spent = min(self.total_s, self._done_s + elapsed)
         left = max(0.0, self.total_s - spent)
-        eta = f"≤{_clock(left)} left"
+        eta = f"≤{clock(left)} left"
         text = f"measuring {label}: {runs:,} runs, {elapsed:.1f}s"
         if self._live:
             self._bar.update(self._task, description=escape(text), completed=spent, eta=eta)
@@ -214,7 +214,7 @@ class BudgetProgress:
             self.console.print(f"{text} ({eta})", highlight=False, markup=False)
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
     whole = round(seconds)
     return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
 

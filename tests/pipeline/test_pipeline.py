@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -367,6 +369,60 @@ def test_time_budget_skips_the_remaining_stages(tmp_path: Path) -> None:
     assert "--time-budget is used up" in by_label(result)["fake-fast"].reason
 
 
+class DeadlineProbe(FakeStage):
+    """Records the seconds its context's deadline left it, and yields `count` candidates."""
+
+    def __init__(self, label: str, count: int = 1) -> None:
+        super().__init__(model_candidate(label))
+        self.label, self.count = label, count
+        self.seconds_given: float | None = None
+
+    def run(self, candidate: Candidate, ctx: StageContext) -> Any:
+        assert ctx.deadline is not None
+        self.seconds_given = ctx.deadline - time.monotonic()
+        for i in range(self.count):
+            path = make_matmul_model(ctx.workdir / f"{self.label}{i}.onnx", extra_work=2)
+            yield Candidate(label=f"{self.label}{i}", model_path=path)
+
+
+def test_the_time_budget_is_shared_by_the_stages_recipe_budgets(tmp_path: Path) -> None:
+    # A stage cannot spend the time of the stages after it: it gets its recipe budget's share of
+    # what is left, so a later runtime's stages still run under a short --time-budget.
+    first, second = DeadlineProbe("fake-first"), DeadlineProbe("fake-second")
+    extra = "[stages.fake-first]\nbudget_s = 100\n[stages.fake-second]\nbudget_s = 300\n"
+    run_fake(tmp_path, {"fake-first": first, "fake-second": second},
+             {"fake-first0": 0.5, "fake-second0": 0.4}, extra_recipe=extra, time_budget_s=400)  # fmt: skip
+    assert first.seconds_given is not None and second.seconds_given is not None
+    assert 90 < first.seconds_given <= 100.5  # 100 / (100 + 300) of 400 s
+    assert 250 < second.seconds_given <= 400  # the last stage: all that is left
+
+
+def test_a_stage_whose_share_is_spent_measures_only_its_first_candidate(tmp_path: Path) -> None:
+    greedy, later = DeadlineProbe("fake-greedy", count=3), DeadlineProbe("fake-later")
+    # The greedy stage's share is about 1 ms of the 100 s: spent before its second candidate.
+    extra = "[stages.fake-greedy]\nbudget_s = 1\n[stages.fake-later]\nbudget_s = 100000\n"
+    speeds = {"fake-greedy0": 0.5, "fake-greedy1": 0.4, "fake-greedy2": 0.3, "fake-later0": 0.45}
+    result, _ = run_fake(tmp_path, {"fake-greedy": greedy, "fake-later": later}, speeds,
+                         extra_recipe=extra, time_budget_s=100)  # fmt: skip
+    rows = by_label(result)
+    assert rows["fake-greedy0"].status == "kept"
+    assert rows["fake-greedy1"].status == "skipped"
+    assert "share of the --time-budget was used up" in rows["fake-greedy1"].reason
+    assert "fake-greedy2" not in rows
+    assert rows["fake-later0"].status == "kept"
+
+
+def test_a_runtime_that_cannot_load_reserves_no_time(tmp_path: Path) -> None:
+    first = DeadlineProbe("fake-first")
+    missing = StageSkipped("needs the Python package 'openvino', which is not installed")
+    # Were the missing stage counted, the first would get 1000 / 1300 of 400 s, about 308 s.
+    extra = "[stages.fake-first]\nbudget_s = 1000\n[stages.fake-missing]\nbudget_s = 300\n"
+    result, _ = run_fake(tmp_path, {"fake-first": first, "fake-missing": missing},
+                         {"fake-first0": 0.5}, extra_recipe=extra, time_budget_s=400)  # fmt: skip
+    assert first.seconds_given is not None and first.seconds_given > 390
+    assert by_label(result)["fake-missing"].status == "skipped"
+
+
 def test_disabled_and_enabled_stages(tmp_path: Path) -> None:
     stage = FakeStage(model_candidate("fake-fast"))
     extra = "[stages.fake-fast]\nenabled = false\n"
@@ -571,9 +627,13 @@ def test_cli_exit_codes_and_json(tmp_path: Path) -> None:
         s["stage"] for s in report["optimize"]["stages"][1:]]]  # fmt: skip
     assert load_artifact(out).backend == "onnxruntime"
 
-    missed = run_lto("optimize", model, "--recipe", recipe, "-o", out, "--target-ms", "0.000001")
+    missed = run_lto("optimize", model, "--recipe", recipe, "-o", out, "--target-ms", "0.000001",
+                     "--time-budget", "10m")  # fmt: skip
     assert missed.returncode == 3, missed.stderr
     assert "target missed" in missed.stdout and "stage" in missed.stdout
+    # Piped, as in a CI log: the time left of the budget, and each stage's share of it.
+    assert re.search(r"\(\d+m\d\ds of the 10m00s budget left\)", missed.stderr), missed.stderr
+    assert "operator-fusion: 600 s of the 600 s left in the --time-budget" in missed.stderr
 
     bad = write_recipe(tmp_path, ["operator-fusion"], '[stages.operator-fusion]\nspeed = "max"\n')
     usage = run_lto("optimize", model, "--recipe", bad, "-o", out)

@@ -28,7 +28,7 @@ def test_convert_proposes_f32_and_bf16_where_the_cpu_has_it(tmp_path: Path) -> N
     ctx = context(tmp_path, model, _x())
     cands = load_stage("openvino-convert").run(Candidate("baseline", model), ctx)
     hints = [c.runtime_config["INFERENCE_PRECISION_HINT"] for c in cands]
-    assert hints == (["f32", "bf16"] if has_bf16() else ["f32"])
+    assert hints == (["bf16", "f32"] if has_bf16() else ["f32"])
     f32 = cands[0]
     assert f32.backend == "openvino" and f32.precision == "fp32" and not f32.standard_ops
     assert f32.model_path.name == "model.xml" and f32.extra_files == [f32.model_path.with_suffix(".bin")]
