@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from optimize.errors import UsageError
 from optimize.units import parse_duration, parse_percentile_key
@@ -104,20 +104,27 @@ def bench_model(
     warmup: int = 10,
     min_runs: int = 20,
     max_runs: int = 5000,
-    ci_target: float | None = 0.02,
+    ci_target: float | Literal["auto"] | None = "auto",
     seed: int = 0,
+    min_time: str | float = 0.0,
+    repeat: int = 1,
 ) -> dict[str, Any]:
     """Measure a model file or an artifact directory as `lto bench` does; returns the report.
 
-    `time` bounds the timed runs per measurement ("2s", "1m" or seconds); `batch` is one size or
-    a sweep; `compare` measures against another model or artifact interleaved (a "compare"
-    report); `runtime` overrides runtime settings (e.g. {"intra_op_num_threads": 2}).
+    `time` bounds the timed runs per measurement ("2s", "1m" or seconds) and `min_time` is the
+    least they take (a minimum wins over `time` and `max_runs`); `batch` is one size or a sweep;
+    `compare` measures against another model or artifact interleaved (a "compare" report);
+    `runtime` overrides runtime settings (e.g. {"intra_op_num_threads": 2}); `repeat` > 1 takes
+    that many measurements, each in a fresh process, as `lto bench --repeat` does (the report
+    `lto gate --baseline/--candidate` compares). `ci_target` "auto" stops a single measurement
+    once its median's CI is within 2%, and lets each repetition spend its `time`.
     Latencies are in ms under report["results"][i]["latency_ms"] (p50, p90, p99, p999, mean ...).
 
     Example::
 
         report = optimize.bench_model("out/model", time="5s")
         print(report["results"][0]["latency_ms"]["p50"])
+        baseline = optimize.bench_model("out/model", time="2s", repeat=10)
     """
     from optimize.bench import BenchSettings
     from optimize.bench.command import BenchRequest, run_bench, run_compare
@@ -126,6 +133,14 @@ def bench_model(
     batches = [batch] if isinstance(batch, int) else list(batch or [])
     if any(b < 1 for b in batches):
         raise UsageError("batch sizes must be at least 1")
+    if repeat < 1:
+        raise UsageError(f"repeat={repeat}: give at least 1")
+    max_time_s = parse_duration(time, "time", minimum=0.01)
+    min_time_s = parse_duration(min_time, "min_time", minimum=0.0) if min_time else 0.0
+    if min_time_s > max_time_s:
+        raise UsageError(f"min_time {min_time_s:g}s is more than time {max_time_s:g}s", "raise time")
+    if ci_target == "auto":
+        ci_target = None if repeat > 1 else 0.02
     request = BenchRequest(
         model=Path(model),
         compare_with=Path(compare) if compare is not None else None,
@@ -139,9 +154,11 @@ def bench_model(
             warmup=warmup,
             min_runs=min(min_runs, max_runs),
             max_runs=max_runs,
-            max_time_s=parse_duration(time, "time", minimum=0.01),
+            max_time_s=max_time_s,
+            min_time_s=min_time_s,
             target_ci_rel=ci_target or None,
         ),
+        repeat=repeat,
     )
     return (run_compare if compare is not None else run_bench)(request)
 

@@ -52,6 +52,19 @@ def test_bench_optimize_load_and_run_match_onnxruntime(tmp_path: Path) -> None:
         assert plain.manifest is None and set(plain.run(feeds)) == set(expected)
 
 
+def test_bench_model_repeats_in_fresh_processes_with_a_minimum_time() -> None:
+    model = sample_path("mlp_small.onnx")
+    report = optimize.bench_model(model, time="0.3s", min_time="0.2s", repeat=2, warmup=2, min_runs=5)
+    assert report["settings"]["repeat"] == 2
+    assert report["settings"]["bench"]["min_time_s"] == 0.2
+    assert report["settings"]["bench"]["target_ci_rel"] is None  # repetitions spend their time
+    assert len(report["results"][0]["repetitions"]) == 2
+    with pytest.raises(UsageError, match="min_time 2s is more than time 1s"):
+        optimize.bench_model(model, time="1s", min_time="2s")
+    with pytest.raises(UsageError, match="repeat=0"):
+        optimize.bench_model(model, repeat=0)
+
+
 def test_api_errors_are_clear(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="unknown option 'target'"):
         optimize.optimize_model(sample_path("mlp_small.onnx"), target=5)
