@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             print(markdown(rows[-1:]).splitlines()[2], file=sys.stderr, flush=True)
     table = markdown(rows)
     print(table)
-    command = " ".join(["nice -n 5 .venv/bin/python benchmarks/runtime_choice.py", *(argv or sys.argv[1:])])
+    command = " ".join([".venv/bin/python benchmarks/runtime_choice.py", *(argv or sys.argv[1:])])
     md, js = args.out.with_suffix(".md"), args.out.with_suffix(".json")
     md.write_text(f"# ONNX Runtime vs OpenVINO, and lto's choice\n\n`{command}`\n\n{table}")
     js.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()},

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.corpus.entries import get as corpus_entry  # noqa: E402
-from benchmarks.serve_overhead import low_load, start_server, stop_server  # noqa: E402
+from benchmarks.serve_overhead import low_load, raw_overhead, start_server, stop_server  # noqa: E402
 from optimize.serve.loadgen import Endpoint, HttpEndpoint, LoadSettings, run_load  # noqa: E402
 from optimize.serve.protocol import encode_request  # noqa: E402
 
@@ -374,8 +374,20 @@ def run_model(key: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
         print(
             f"   model alone p50 {low['model_alone_p50_ms']:.3f} ms | lto serve over HTTP p50 "
             f"{low['http_request_p50_ms']:.3f} ms -> overhead {low['http_overhead_p50_ms']:.3f} ms "
+            f"with the aiohttp client, {low['raw_client_overhead_p50_ms']:.3f} ms with a raw socket "
             f"(in-process {low['in_process_overhead_p50_ms']:.3f} ms; "
             f"GET floor {low['http_get_live_p50_ms']:.3f} ms)"
+        )
+        # The same raw client against both HTTP servers, interleaved: what each server adds.
+        raw = raw_overhead(model, feeds, {"lto": lto_url, "fastapi": fast_url}, args.rounds,
+                           args.per_round, ONE_THREAD)  # fmt: skip
+        low["raw_client_servers"] = raw
+        print(
+            f"   raw socket client, interleaved: model alone p50 {raw['model_alone_p50_ms']:.3f} ms; "
+            + "; ".join(
+                f"{n} overhead {raw['overhead_p50_ms'][n]:.3f} ms (GET floor {raw['get_live_p50_ms'][n]:.3f})"
+                for n in raw["overhead_p50_ms"]
+            )
         )
         print(f"2. max QPS with p99 <= {args.slo_ms:g} ms (one ladder, taking turns)")
         search = asyncio.run(ladders(servers, args.slo_ms, args.step_seconds))

@@ -119,6 +119,101 @@ def model_alone_ms(backend: Any, feeds: dict[str, np.ndarray], runs: int) -> lis
     return out
 
 
+class RawHttpClient:
+    """One keep-alive HTTP/1.1 connection on a blocking socket, each request's bytes built once:
+    about the least a client can add (a C client such as perf_analyzer costs as little), so that
+    p50(request) - p50(model alone) is the server's overhead, not the Python client's."""
+
+    def __init__(self, url: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        import socket
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.sock = socket.create_connection((host, port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        method = "POST" if body else "GET"
+        head = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
+        head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        self.request = ("\r\n".join(head) + "\r\n\r\n").encode() + body
+        self._buffer = b""
+
+    def roundtrip_ms(self) -> float:
+        """Send the request, read the whole response; its time in ms (a non-200 is an error)."""
+        t0 = time.perf_counter()
+        self.sock.sendall(self.request)
+        while b"\r\n\r\n" not in self._buffer:
+            self._buffer += self._recv()
+        head, _, rest = self._buffer.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        length = next(
+            int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:")
+        )
+        while len(rest) < length:
+            rest += self._recv()
+        self._buffer = rest[length:]
+        elapsed = (time.perf_counter() - t0) * 1e3
+        if lines[0].split()[1] != "200":
+            raise RuntimeError(f"{lines[0]}: {rest[:length][:200]!r}")
+        return elapsed
+
+    def _recv(self) -> bytes:
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        return chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def raw_infer_client(url: str, model: str, feeds: dict[str, np.ndarray]) -> RawHttpClient:
+    from optimize.serve.protocol import HEADER_LENGTH, encode_request
+
+    body, head_len = encode_request(feeds, binary=True, binary_outputs=True)
+    headers = {HEADER_LENGTH: str(head_len), "Content-Type": "application/octet-stream"}
+    return RawHttpClient(url, f"/v2/models/{model}/infer", body, headers)
+
+
+def raw_overhead(
+    model: Path,
+    feeds: dict[str, np.ndarray],
+    urls: dict[str, str],
+    rounds: int,
+    per_round: int,
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """p50 overhead of each server over the model alone, with the raw client, one request at a
+    time; rounds interleave the model alone and every server, so drift hits all alike."""
+    backend = open_backend("onnxruntime", model, config or SERVE_CONFIG)
+    clients = {name: raw_infer_client(url, "m", feeds) for name, url in urls.items()}
+    floors = {name: RawHttpClient(url, "/v2/health/live") for name, url in urls.items()}
+    alone: list[float] = []
+    times: dict[str, list[float]] = {name: [] for name in urls}
+    floor: dict[str, list[float]] = {name: [] for name in urls}
+    model_alone_ms(backend, feeds, 50)
+    for client in clients.values():
+        for _ in range(20):
+            client.roundtrip_ms()  # warm-up
+    try:
+        for _ in range(rounds):
+            alone += model_alone_ms(backend, feeds, per_round)
+            for name, client in clients.items():
+                times[name] += [client.roundtrip_ms() for _ in range(per_round)]
+                floor[name] += [floors[name].roundtrip_ms() for _ in range(per_round)]
+    finally:
+        for c in [*clients.values(), *floors.values()]:
+            c.close()
+    model_p50 = float(np.percentile(alone, 50))
+    return {
+        "model_alone_p50_ms": model_p50,
+        "request_p50_ms": {n: float(np.percentile(v, 50)) for n, v in times.items()},
+        "overhead_p50_ms": {n: float(np.percentile(v, 50)) - model_p50 for n, v in times.items()},
+        "get_live_p50_ms": {n: float(np.percentile(v, 50)) for n, v in floor.items()},
+        "samples_each": len(alone),
+    }
+
+
 async def low_load(
     model: Path,
     feeds: dict[str, np.ndarray],
@@ -127,23 +222,27 @@ async def low_load(
     per_round: int,
     config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Interleave rounds of: model alone, one-at-a-time HTTP requests, one-at-a-time in-process.
-    `config`: the runtime settings the server runs the model with (the same model alone)."""
+    """Interleave rounds of: model alone, one-at-a-time HTTP requests (aiohttp client and the raw
+    client), one-at-a-time in-process. `config`: the runtime settings the server runs the model
+    with (the same model alone)."""
     config = config or SERVE_CONFIG
     backend = open_backend("onnxruntime", model, config)
     batcher = Batcher([open_backend("onnxruntime", model, config)], BatcherConfig())
     await batcher.start(feeds)
     http = HttpEndpoint(url, "m", feeds)
     await http.open()
+    raw = raw_infer_client(url, "m", feeds)
     inproc = InProcessEndpoint(batcher, feeds)
     alone: list[float] = []
     http_floor: list[float] = []
     over_http: list[float] = []
+    over_raw: list[float] = []
     in_process: list[float] = []
     phases: dict[str, list[float]] = {}
     model_alone_ms(backend, feeds, 50)  # warm-up
     for _ in range(rounds):
         alone += model_alone_ms(backend, feeds, per_round)
+        over_raw += [raw.roundtrip_ms() for _ in range(per_round)]
         # The HTTP stack alone (client + server + loopback): a GET that does no work.
         for _ in range(per_round):
             t0 = time.perf_counter()
@@ -156,16 +255,19 @@ async def low_load(
         res = await run_load(inproc, LoadSettings(concurrency=1, requests=per_round, warmup=5))
         in_process += res.samples_ms
     await http.close()
+    raw.close()
     await batcher.drain()
     p50 = {
         k: float(np.percentile(v, 50))
-        for k, v in (("model", alone), ("http", over_http), ("inproc", in_process))
+        for k, v in (("model", alone), ("http", over_http), ("raw", over_raw), ("inproc", in_process))
     }
     return {
         "model_alone_p50_ms": p50["model"],
         "http_request_p50_ms": p50["http"],
+        "raw_client_request_p50_ms": p50["raw"],
         "in_process_request_p50_ms": p50["inproc"],
         "http_overhead_p50_ms": p50["http"] - p50["model"],
+        "raw_client_overhead_p50_ms": p50["raw"] - p50["model"],
         "in_process_overhead_p50_ms": p50["inproc"] - p50["model"],
         "http_breakdown_p50_ms": {k: float(np.percentile(v, 50)) for k, v in phases.items()},
         "http_get_live_p50_ms": float(np.percentile(http_floor, 50)),
