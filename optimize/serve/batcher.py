@@ -342,6 +342,10 @@ class Batcher:
             for i in range(len(backends))
         ]
         self._free: list[int] = list(range(len(backends)))
+        # Instance -> when its running batch is predicted to end; and the instances that also
+        # hold their next batch (one at most), with when that one should end.
+        self._busy_until: dict[int, float] = {}
+        self._standby: dict[int, float] = {}
         self._queues: dict[tuple[Any, ...], deque[_Pending]] = {}
         self._key_rows: dict[tuple[Any, ...], int] = {}
         self._deadlines: list[tuple[float, int, _Pending]] = []
@@ -540,8 +544,7 @@ class Batcher:
         self._queued_rows += rows
         assert self._idle is not None
         self._idle.clear()
-        if self._free:
-            self._dispatch_ready(now)
+        self._dispatch_ready(now)
         if req.queued:
             self._kick()  # it waits: let the dispatcher set its timer
         try:
@@ -689,17 +692,47 @@ class Batcher:
         leave_at = min(batch[0].enqueued + self.config.max_wait_ms / 1e3, latest)
         return batch, leave_at
 
-    def _shrink(self, batch: list[_Pending], now: float) -> list[_Pending]:
-        """Drop requests from the tail until the batch's predicted end meets all its deadlines.
+    def _shrink(self, batch: list[_Pending], start: float) -> list[_Pending]:
+        """Drop requests from the tail until the batch, started at `start`, is predicted to end
+        within all its deadlines.
 
         Only hard deadlines count: shrinking for a missed target would cut batches to one row
         exactly when load is highest, and throughput with them."""
         while len(batch) > 1 and self.latency.n and min(r.deadline for r in batch) < math.inf:
             work = sum(r.work for r in batch)
-            if now + self.latency.upper(work) / 1e3 <= min(r.deadline for r in batch):
+            if start + self.latency.upper(work) / 1e3 <= min(r.deadline for r in batch):
                 break
             batch.pop()
         return batch
+
+    def _full_batch(self, queue: deque[_Pending], now: float) -> list[_Pending] | None:
+        """The batch this queue would send now if it is already as large as batches grow."""
+        batch, _ = self._plan(queue, now)
+        cap = self._max_rows_now(queue[0].work / queue[0].rows)
+        return batch if sum(r.rows for r in batch) >= cap else None
+
+    def _launch_standby(self, now: float) -> None:
+        """Every instance is busy: give one whose batch is running its next batch now, if a full
+        one waits. Its thread starts it the moment the running batch ends, instead of idling
+        until the event loop, busy reading and shedding requests under overload, hands it
+        one. Only full batches go early (nothing would join them by waiting), and only requests
+        without a deadline: one that has a deadline stays where it can still expire."""
+        while self._queues:
+            ready = [i for i in self._busy_until if i not in self._standby]
+            if not ready:
+                return
+            instance = min(ready, key=self._busy_until.__getitem__)  # the first to be free
+            start = max(now, self._busy_until[instance])
+            chosen: list[_Pending] | None = None
+            for queue in self._queues.values():
+                batch = self._full_batch(queue, now)
+                if batch and any(r.deadline < math.inf for r in batch):
+                    continue
+                if batch and (chosen is None or min(r.target for r in batch) < min(r.target for r in chosen)):
+                    chosen = batch
+            if chosen is None:
+                return
+            self._launch(self._shrink(chosen, start), instance, start)
 
     def _dispatch_ready(self, now: float) -> float | None:
         """Launch every batch that should leave now; return when the next one must leave.
@@ -722,6 +755,8 @@ class Batcher:
             if best is None:
                 return wake_at
             self._launch(self._shrink(best[1], now))
+        if not self._free and self._queues:
+            self._launch_standby(now)
         return None
 
     async def _dispatch_loop(self) -> None:
@@ -741,17 +776,26 @@ class Batcher:
                 self._timer = loop.call_at(max(wake_at, loop.time()), self._wake.set)
             await self._wake.wait()
 
-    def _launch(self, batch: list[_Pending]) -> None:
-        instance = self._free.pop()
+    def _launch(self, batch: list[_Pending], standby_of: int | None = None, start: float = 0.0) -> None:
+        """Run `batch` on a free instance, or queue it behind the running batch of `standby_of`
+        (predicted to start at `start`)."""
+        instance = self._free.pop() if standby_of is None else standby_of
         self._inflight += 1  # before _remove, so the batcher never looks idle in between
         for req in batch:
             self._remove(req)
         live = [r for r in batch if not r.future.done()]
         if not live:  # every caller went away while queued
             self._inflight -= 1
-            self._free.append(instance)
+            if standby_of is None:
+                self._free.append(instance)
             self._check_idle()
             return
+        work = sum(r.work for r in live)
+        end = max(start, time.monotonic()) + (self.latency.predict(work) if self.latency.n else 0.0) / 1e3
+        if standby_of is None:
+            self._busy_until[instance] = end
+        else:
+            self._standby[instance] = end
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._executors[instance], self._execute, instance, live)
         future.add_done_callback(lambda f: self._finish(instance, live, f))
@@ -797,7 +841,11 @@ class Batcher:
         finally:
             self.batches_run += 1
             self._inflight -= 1
-            self._free.append(instance)
+            if instance in self._standby:  # its next batch is already running
+                self._busy_until[instance] = self._standby.pop(instance)
+            else:
+                self._busy_until.pop(instance, None)
+                self._free.append(instance)
             if self.on_batch is not None and live:
                 self.on_batch(BatchStats(rows=rows, requests=len(live), model_ms=model_ms, ok=ok))
             if self._queues and self._task is not None:

@@ -364,6 +364,37 @@ def test_queue_timeout_gives_requests_without_their_own_a_deadline() -> None:
     assert isinstance(second, DeadlineExceeded) and second.queue_ms >= 40
 
 
+def test_a_full_batch_waits_on_the_busy_instance_not_in_the_queue() -> None:
+    # With the only instance busy, a full batch is handed to its thread at once: it starts when
+    # the running batch ends, without waiting for the event loop. A partial one stays queued.
+    gate = threading.Event()
+    backend = SleepBackend(base_ms=1, gate=gate)
+
+    async def main() -> tuple[list[Any], list[int]]:
+        config = BatcherConfig(max_batch=2, max_wait_ms=0, target_latency_ms=LONG)
+        batcher = Batcher([backend], config)
+        await batcher.start()
+        running = [asyncio.ensure_future(batcher.submit(x(1, 0)))]
+        await asyncio.sleep(0.01)
+        seen = [batcher.inflight_batches, batcher.queued_rows]
+        full = [asyncio.ensure_future(batcher.submit(x(1, i))) for i in range(1, 3)]
+        await asyncio.sleep(0.01)
+        seen += [batcher.inflight_batches, batcher.queued_rows]
+        partial = asyncio.ensure_future(batcher.submit(x(1, 3)))
+        await asyncio.sleep(0.01)
+        seen += [batcher.inflight_batches, batcher.queued_rows]
+        gate.set()
+        results = await asyncio.gather(*running, *full, partial)
+        await batcher.drain()
+        return results, seen
+
+    results, seen = run(main())
+    assert seen == [1, 0, 2, 0, 2, 1]  # running; + the full batch on standby; the partial waits
+    assert backend.calls == [1, 2, 1]
+    for i, r in enumerate(results):
+        np.testing.assert_array_equal(r.outputs["y"], x(1, i)["x"] * 2 + 1)
+
+
 def test_model_with_fixed_batch_runs_one_request_per_call() -> None:
     backend = SleepBackend(base_ms=1, batchable=False)
 
