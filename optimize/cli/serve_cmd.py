@@ -97,7 +97,7 @@ def serve(
     max_queue: int = MaxQueueOption,
     instances: int = InstancesOption,
     threads: int | None = typer.Option(
-        None, "--threads", min=1, help="ONNX Runtime intra-op threads per instance (default: cores/N)."
+        None, "--threads", min=1, help="Threads per instance, ONNX Runtime or OpenVINO (default: cores/N)."
     ),
     max_body_mb: float = typer.Option(
         64.0, "--max-body-mb", min=0.001, help="Largest request body accepted."

@@ -41,21 +41,26 @@ def resolve_served(
     return served
 
 
+# The runtime setting that is one instance's thread count, per runtime that serve splits.
+INSTANCE_THREADS = {"onnxruntime": "intra_op_num_threads", "openvino": "INFERENCE_NUM_THREADS"}
+
+
 def open_instances(served: RuntimeModel, instances: int, threads: int | None = None) -> list[Backend]:
-    """Load the model `instances` times; ONNX Runtime instances split the cores between them,
-    or use `threads` intra-op threads each when given."""
+    """Load the model `instances` times; ONNX Runtime and OpenVINO instances split the cores
+    between them, or use `threads` threads each when given."""
     from optimize.env import check_thread_count
     from optimize.runtimes import open_backend
 
     # Each instance runs in its own thread: bounded like any thread count, before loading any.
     check_thread_count(instances, "--instances", minimum=1)
     config = dict(served.runtime_config)
+    key = INSTANCE_THREADS.get(served.backend)
     if threads is not None:
-        if served.backend != "onnxruntime":
-            raise UsageError(f"--threads applies to ONNX Runtime models, not {served.backend}")
+        if key is None:
+            raise UsageError(f"--threads applies to ONNX Runtime and OpenVINO models, not {served.backend}")
         check_thread_count(threads, "--threads", minimum=1)
-        config["intra_op_num_threads"] = threads
-    if served.backend == "onnxruntime" and instances > 1 and not config.get("intra_op_num_threads"):
+        config[key] = threads
+    if key is not None and instances > 1 and threads is None:
         from optimize.env import physical_cores
 
         cores = physical_cores()
@@ -64,8 +69,14 @@ def open_instances(served: RuntimeModel, instances: int, threads: int | None = N
                 f"--instances {instances} exceeds the {cores} physical cores here",
                 "more instances than cores only adds contention",
             )
-        # Threads beyond the cores make every instance slower (oversubscription).
-        config["intra_op_num_threads"] = max(1, cores // instances)
+        # Threads beyond the cores make every instance slower (oversubscription), also when
+        # the artifact was tuned as the only model on the machine (its threads = all cores).
+        share = max(1, cores // instances)
+        config[key] = min(int(config.get(key) or share), share)
+    if served.backend == "openvino" and instances > 1 and config.get("ENABLE_CPU_PINNING") is None:
+        # Each compiled model would pin its threads from the first core up: N instances on the
+        # same cores. Unpinned, the OS spreads them.
+        config["ENABLE_CPU_PINNING"] = False
     backends: list[Backend] = []
     try:
         for _ in range(instances):

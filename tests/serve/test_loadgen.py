@@ -277,3 +277,22 @@ def test_lto_load_and_serve_refuse_bad_targets_with_one_line(tmp_path: Path) -> 
     assert_clean_error(run_lto("serve"), 2, "give a MODEL.onnx or --artifact")
     model = make_matmul_model(tmp_path / "m.onnx")
     assert_clean_error(run_lto("serve", model, "--qps", "5"), 2, "apply to --validate")
+
+
+def test_instances_split_the_cores_even_when_the_artifact_was_tuned_alone(tmp_path: Path) -> None:
+    from optimize.env import physical_cores
+    from optimize.serve.loading import open_instances, resolve_served
+
+    cores = physical_cores()
+    if cores < 2:
+        pytest.skip("one core: nothing to split")
+    model = make_matmul_model(tmp_path / "m.onnx", features=16, out=4)
+    served = resolve_served(model, None)
+    served.runtime_config["intra_op_num_threads"] = cores  # as tuned for the whole machine
+    backends = open_instances(served, 2)
+    assert [b.config["intra_op_num_threads"] for b in backends] == [cores // 2] * 2
+    for b in backends:
+        b.close()
+    (one,) = open_instances(served, 1, threads=1)
+    assert one.config["intra_op_num_threads"] == 1
+    one.close()

@@ -95,7 +95,22 @@ def test_openvino_artifact_round_trip(tmp_path: Path) -> None:
         from optimize.runtimes import open_backend
 
         with open_backend("onnxruntime", tmp_path / "mlp.onnx") as ort:
-            np.testing.assert_allclose(ov.run(x)["r3"], ort.run(x)["r3"], rtol=1e-5, atol=1e-5)
+            ov_out = ov.run(x)["r3"]
+            np.testing.assert_allclose(ov_out, ort.run(x)["r3"], rtol=1e-5, atol=1e-5)
+    # Served as 2 instances, they split the cores and do not pin to the same ones.
+    from optimize.env import physical_cores
+    from optimize.serve.loading import open_instances, resolve_served
+
+    served = resolve_served(None, out)
+    backends = open_instances(served, 2) if physical_cores() >= 2 else []
+    for backend in backends:
+        assert backend.effective["INFERENCE_NUM_THREADS"] == physical_cores() // 2
+        assert backend.effective["ENABLE_CPU_PINNING"] is False
+        backend.close()
+    (one,) = open_instances(served, 1, threads=1)
+    assert one.effective["INFERENCE_NUM_THREADS"] == 1
+    np.testing.assert_allclose(one.run(x)["r3"], ov_out, rtol=1e-6, atol=1e-6)
+    one.close()
     proc = run_lto("bench", "--artifact", out, "--time", "0.5", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
