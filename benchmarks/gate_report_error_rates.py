@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gate_error_rates import wilson  # noqa: E402
-from benchmarks.slow_model import make_slower  # noqa: E402
+from benchmarks.slow_model import make_slower, shape_args  # noqa: E402
 from optimize.bench import BenchSettings  # noqa: E402
 from optimize.bench.command import BenchRequest, run_bench  # noqa: E402
 from optimize.gate import REGRESSED, GateSettings, gate_reports, parse_fraction  # noqa: E402
@@ -72,7 +72,8 @@ def main() -> None:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         slow = Path(tmp) / f"{args.model.stem}_plus{extra:.0%}.onnx"
-        layers = make_slower(args.model, slow, extra)
+        dims, inputs = shape_args(args.shape)
+        layers = make_slower(args.model, slow, extra, dims, inputs)
 
         def report(model: Path, name: str) -> Path:
             overrides = {} if args.threads is None else {"intra_op_num_threads": args.threads}

@@ -25,12 +25,27 @@ sys.path.insert(0, str(ROOT))
 from tests.models import add_extra_work  # noqa: E402
 
 
-def make_slower(src: Path, dst: Path, extra: float, dims: dict[str, int] | None = None) -> int:
+def make_slower(
+    src: Path,
+    dst: Path,
+    extra: float,
+    dims: dict[str, int] | None = None,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+) -> int:
     """Write `src` with about `extra` x more compute to `dst`; returns the chain length."""
-    slow, layers = add_extra_work(onnx.load(str(src)), extra, dims=dims)
+    slow, layers = add_extra_work(onnx.load(str(src)), extra, dims=dims, input_shapes=input_shapes)
     dst.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(slow, str(dst))
     return layers
+
+
+def shape_args(args: list[str]) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
+    """lto's --shape values split into named dims (one number) and whole input shapes."""
+    from optimize.inputs import parse_shape_args
+
+    parsed = parse_shape_args(args)
+    dims = {k: v[0] for k, v in parsed.items() if len(v) == 1}
+    return dims, {k: tuple(v) for k, v in parsed.items() if len(v) > 1}
 
 
 def main() -> None:
@@ -40,10 +55,14 @@ def main() -> None:
     parser.add_argument("model", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--extra", default="15%", help="extra compute as a fraction or percentage")
+    parser.add_argument(
+        "--shape", action="append", default=[], help="as for lto: NAME=DxD, an input or a named dim"
+    )
     args = parser.parse_args()
     text = args.extra.strip()
     extra = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    layers = make_slower(args.model, args.out, extra)
+    dims, inputs = shape_args(args.shape)
+    layers = make_slower(args.model, args.out, extra, dims, inputs)
     print(f"wrote {args.out}: +{extra:.0%} MACs as {layers} extra MatMul+Tanh layers")
 
 

@@ -19,31 +19,77 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def _static_copy(model: onnx.ModelProto, dims: dict[str, int]) -> onnx.ModelProto:
-    """A copy with every named dynamic input dim pinned (unknown names -> 1) and shapes inferred."""
+def _static_copy(
+    model: onnx.ModelProto, dims: dict[str, int], input_shapes: dict[str, tuple[int, ...]] | None = None
+) -> onnx.ModelProto:
+    """A copy with every dynamic input dim pinned and shapes inferred: whole inputs from
+    `input_shapes` (exports that name every dim "?"), named dims from `dims`, others 1."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     for value in copy.graph.input:
-        for d in value.type.tensor_type.shape.dim:
-            if not d.HasField("dim_value"):
+        pinned = (input_shapes or {}).get(value.name)
+        for i, d in enumerate(value.type.tensor_type.shape.dim):
+            if pinned is not None and i < len(pinned):
+                d.dim_value = pinned[i]
+            elif not d.HasField("dim_value") or d.dim_value <= 0:
                 d.dim_value = dims.get(d.dim_param, 1)
-    return onnx.shape_inference.infer_shapes(copy)
+    return onnx.shape_inference.infer_shapes(copy, data_prop=True)
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
     shapes: dict[str, list[int]] = {}
     for value in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        if not value.type.tensor_type.HasField("shape"):
+            continue  # rank unknown
         dims = value.type.tensor_type.shape.dim
-        if all(d.HasField("dim_value") for d in dims):
+        if all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
             shapes[value.name] = [int(d.dim_value) for d in dims]
     for init in model.graph.initializer:
         shapes[init.name] = list(init.dims)
+    missing = [
+        name
+        for node in model.graph.node
+        if node.op_type in ("MatMul", "Gemm", "Conv")
+        for name in (*node.input[:2], node.output[0])
+        if name not in shapes
+    ]
+    if missing:
+        shapes.update(_shapes_by_running(model, missing))
     return shapes
 
 
-def count_macs(model: onnx.ModelProto, dims: dict[str, int] | None = None) -> int:
+def _shapes_by_running(model: onnx.ModelProto, names: list[str]) -> dict[str, list[int]]:
+    """Shapes that inference could not find (a Reshape to a computed shape, as Paddle exports
+    write), read off one run of the static copy on zeros with ONNX Runtime."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    known = {o.name for o in probe.graph.output}
+    inits = {i.name for i in probe.graph.initializer}
+    wanted = [n for n in dict.fromkeys(names) if n not in known and n not in inits]
+    probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in wanted)
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    types = {TensorProto.FLOAT: np.float32, TensorProto.INT64: np.int64, TensorProto.INT32: np.int32}
+    feeds = {
+        i.name: np.zeros(
+            [d.dim_value for d in i.type.tensor_type.shape.dim],
+            types.get(i.type.tensor_type.elem_type, np.float32),
+        )
+        for i in probe.graph.input
+        if i.name not in inits
+    }
+    outs = session.run(None, feeds)
+    return {o.name: list(v.shape) for o, v in zip(session.get_outputs(), outs, strict=True)}
+
+
+def count_macs(
+    model: onnx.ModelProto,
+    dims: dict[str, int] | None = None,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+) -> int:
     """Multiply-accumulates of MatMul, Gemm and Conv (the work that dominates these models)."""
-    inferred = _static_copy(model, dims or {})
+    inferred = _static_copy(model, dims or {}, input_shapes)
     shapes = _shapes(inferred)
     total = 0
     for node in inferred.graph.node:
@@ -70,16 +116,18 @@ def add_extra_work(
     width: int = 128,
     dims: dict[str, int] | None = None,
     seed: int = 0,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
 ) -> tuple[onnx.ModelProto, int]:
     """Return (slower model, chain layers) with about `extra` x the model's MACs added.
 
-    `dims` pins named dynamic dims for the MAC count (e.g. {"sequence": 128}); the batch dim
-    cancels out because the chain's work scales with it like the model's.
+    `dims` pins named dynamic dims for the MAC count (e.g. {"sequence": 128}), `input_shapes`
+    whole inputs (e.g. {"x": (1, 3, 48, 192)}); the batch dim cancels out because the chain's
+    work scales with it like the model's.
     """
     if extra <= 0:
         raise ValueError("extra must be positive")
-    base = count_macs(model, dims)
-    inferred = _static_copy(model, dims or {})
+    base = count_macs(model, dims, input_shapes)
+    inferred = _static_copy(model, dims or {}, input_shapes)
     shapes = _shapes(inferred)
     floats = [
         v
