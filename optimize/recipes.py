@@ -149,6 +149,8 @@ _BENCH_KEYS: dict[str, Any] = {
     "max_runs": int,
     "max_time_s": float,
     "target_ci_rel": float,
+    "chunk_s": float,
+    "settle_s": float,
 }
 _DECISION_KEYS: dict[str, Any] = {"min_improvement": float}
 # Stage options that are thread counts (memory-layout, tvm-tune): bounded like --threads.

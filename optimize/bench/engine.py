@@ -39,7 +39,13 @@ class BenchSettings:
     target_ci_rel: float | None = 0.02
     # Interleaved comparisons alternate chunks of about this many seconds per side. Short
     # chunks give many chunk pairs, which is what the ratio's interval is computed over.
-    chunk_s: float = 0.02
+    chunk_s: float = 0.05
+    # Idle seconds before a chunk when the other side ran last. A thread pool keeps spinning for
+    # some 10-20 ms after its work (ONNX Runtime's by default) and takes the cores from the
+    # other side's next runs. Measured on the MiniLM, 2 cores, against each side alone:
+    # without the pause ORT int8 read 3.51x over ORT fp32 (alone 1.77x) and OpenVINO bf16
+    # 2.44x (alone 2.85x); with 20 ms, 1.79x and 2.88x.
+    settle_s: float = 0.02
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -280,13 +286,17 @@ def compare(
     next_check = 8
     stopped_by = "runs"
     foreign: list[float] = []
+    last: list[float] | None = None
     while len(samples_a) < settings.max_runs or len(samples_b) < settings.max_runs:
         order = ((a.run, fa, samples_a, chunk_a), (b.run, fb, samples_b, chunk_b))
         if chunks % 2:
             order = order[::-1]
         monitor.start()
         for run, feeds, out, size in order:
+            if settings.settle_s and last is not None and out is not last:
+                time.sleep(settings.settle_s)
             _time_runs(run, feeds, min(size, settings.max_runs - len(out)), out)
+            last = out
         chunks += 1
         frac = monitor.foreign_fraction()
         if frac is not None:

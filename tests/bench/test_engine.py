@@ -97,6 +97,38 @@ def test_compare_sees_a_backend_that_does_more_work_as_slower() -> None:
     assert fast.calls > 30 and slow.calls > 30
 
 
+class SpinningNeighbour(CountingBackend):
+    """Sleeps `ms` a run, twice as long while the `other` backend's pool 'spins' (within
+    `spin_s` of its last run): two runtimes' thread pools fighting over the cores."""
+
+    def __init__(self, ms: float, spin_s: float = 0.0, other: SpinningNeighbour | None = None) -> None:
+        super().__init__()
+        self.ms, self.spin_s, self.other = ms, spin_s, other
+        self.last_end = -1e9
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import time
+
+        slowed = self.other is not None and time.monotonic() - self.other.last_end < self.other.spin_s
+        time.sleep(self.ms * (2 if slowed else 1) / 1e3)
+        self.last_end = time.monotonic()
+        return {"x": feeds["x"]}
+
+
+def test_compare_pauses_between_sides_so_one_pool_cannot_slow_the_other() -> None:
+    # A's pool "spins" 15 ms after each run and doubles B's run time meanwhile; alone, both take
+    # 2 ms. Without the pause B reads 1.4x slower (the chunks right after A's); with it, as fast.
+    settings = BenchSettings(
+        warmup=0, min_runs=20, max_runs=400, max_time_s=2, target_ci_rel=None, chunk_s=0.02
+    )
+    for settle_s, low, high in ((0.0, 1.25, 2.4), (0.03, 0.85, 1.15)):
+        spinner = SpinningNeighbour(2.0, spin_s=0.015)
+        victim = SpinningNeighbour(2.0, other=spinner)
+        settings.settle_s = settle_s
+        result = compare(spinner, victim, FEEDS, settings=settings, labels=("a", "b"))
+        assert low < result.ratio < high, (settle_s, result.ratio)
+
+
 def test_summarize_and_ratio_ci_on_known_distributions() -> None:
     rng = np.random.default_rng(0)
     base = rng.lognormal(0.0, 0.05, 2000)
