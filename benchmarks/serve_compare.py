@@ -4,7 +4,8 @@ For each model (a PP-LCNet-class CNN and a BERT-class encoder at sequence 64, fr
 with the same ONNX file and one ONNX Runtime intra-op thread in every server:
 1. overhead of lto serve over the model alone, one binary request at a time (p50 - p50);
 2. max QPS within a p99 SLO, one ladder of Poisson rates climbed by all servers taking turns
-   at each rate (serve_overhead.interleaved_max_qps): lto serve (dynamic batching), an
+   at each rate (serve_overhead.interleaved_max_qps): lto serve (dynamic batching; one instance,
+   and two 1-thread instances, the cores FastAPI's thread pool uses), an
    unbatched FastAPI/uvicorn server (benchmarks/serve_fastapi_app.py) and MLServer with a
    custom ONNX Runtime runtime (benchmarks/serve_mlserver_runtime.py). MLServer takes only
    JSON tensors over REST, so every server is driven with JSON requests, and lto serve and
@@ -18,6 +19,7 @@ and the same onnxruntime and numpy versions as here); --no-mlserver skips it.
 
     nice -n 5 python benchmarks/serve_compare.py                       # both models, ~12 min
     nice -n 5 python benchmarks/serve_compare.py --models cnn --out serve_compare.json
+    python benchmarks/serve_compare.py --only-overhead                 # step 1 only, ~1 min
 
 The load generator runs in this process and every server in its own; on a small machine they
 share the cores, so read ratios taken in the same run more than absolute rates.
@@ -356,6 +358,7 @@ def run_model(key: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
     lto_proc, lto_url = start_server(model, "--threads", "1", "--instances", "1", "--target-latency-ms",
                                      str(args.slo_ms / 2))  # fmt: skip
     procs: list[subprocess.Popen[Any]] = []
+    lto2_proc: subprocess.Popen[str] | None = None
     try:
         fast_proc, fast_url = start_fastapi(model)
         procs += [fast_proc]
@@ -365,7 +368,14 @@ def run_model(key: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
             "lto/json": JsonEndpoint(lto_url, "m", feeds),
             "fastapi/json": JsonEndpoint(fast_url, "m", feeds),
         }
-        if args.mlserver:
+        if not args.only_overhead:
+            # FastAPI's thread pool runs several session.run calls at once (1 ORT thread each, on
+            # every core); lto serve with one instance runs one. Two 1-thread instances use the
+            # cores as FastAPI does.
+            lto2_proc, lto2_url = start_server(model, "--threads", "1", "--instances", "2",
+                                               "--target-latency-ms", str(args.slo_ms / 2))  # fmt: skip
+            servers["lto x2/bin"] = HttpEndpoint(lto2_url, "m", feeds)
+        if args.mlserver and not args.only_overhead:
             ml_proc, ml_url = start_mlserver(model, workdir / key)
             procs.append(ml_proc)
             servers["mlserver/json"] = JsonEndpoint(ml_url, "m", feeds)
@@ -389,6 +399,8 @@ def run_model(key: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
                 for n in raw["overhead_p50_ms"]
             )
         )
+        if args.only_overhead:
+            return {"model": str(model), "corpus_entry": entry_name, "overhead": low}
         print(f"2. max QPS with p99 <= {args.slo_ms:g} ms (one ladder, taking turns)")
         search = asyncio.run(ladders(servers, args.slo_ms, args.step_seconds))
         print(f"3. 3x capacity (closed loop x32) for {args.overload_seconds:g} s, binary requests")
@@ -406,6 +418,8 @@ def run_model(key: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
             )
     finally:
         stop_server(lto_proc)
+        if lto2_proc is not None:
+            stop_server(lto2_proc)
         for proc in procs:
             stop(proc)
     return {
@@ -418,7 +432,7 @@ def run_model(key: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
 
 
 def table(results: dict[str, Any], slo_ms: float) -> str:
-    names = ["lto/bin", "fastapi/bin", "lto/json", "fastapi/json", "mlserver/json"]
+    names = ["lto/bin", "lto x2/bin", "fastapi/bin", "lto/json", "fastapi/json", "mlserver/json"]
     lines = [
         f"max QPS with p99 <= {slo_ms:g} ms (1 ORT thread per server)",
         f"{'model':<10}" + "".join(f"{n:>15}" for n in names),
@@ -444,6 +458,9 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=100)
     parser.add_argument("--no-mlserver", dest="mlserver", action="store_false")
     parser.add_argument("--out", type=Path, default=None, help="Write the figures as JSON here.")
+    parser.add_argument(
+        "--only-overhead", action="store_true", help="Only step 1, the overhead over the model alone."
+    )
     args = parser.parse_args()
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
     unknown = [k for k in keys if k not in MODELS]
@@ -454,7 +471,8 @@ def main() -> None:
         for key in keys:
             results[key] = run_model(key, args, Path(tmp))
     print()
-    print(table(results, args.slo_ms))
+    if not args.only_overhead:
+        print(table(results, args.slo_ms))
     load = os.getloadavg()
     print(
         f"load average 1/5/15 min at the end: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}; "
