@@ -396,7 +396,10 @@ class InferenceServer:
         t_decoded = time.monotonic()
         # A deadline counts from here, decoded and queued (Triton's rule), not from arrival.
         try:
-            result = await self.batcher.submit(parsed.feeds, parsed.deadline_ms, arrived=t_decoded)
+            # The only request in the server may run on the loop: no hand-off to a thread and back.
+            result = await self.batcher.submit(
+                parsed.feeds, parsed.deadline_ms, arrived=t_decoded, alone=self.inflight == 1
+            )
         except Overloaded as exc:
             self._count("overloaded")
             return _error(503, exc.message, {"Retry-After": str(exc.retry_after_s)})

@@ -391,3 +391,44 @@ def test_sigterm_drains_the_request_in_flight_then_exits_cleanly(tmp_path: Path)
     np.testing.assert_allclose(np.asarray(answer["body"]["outputs"][0]["data"]), reference.ravel(), rtol=1e-6)
     assert proc.returncode == 0, out
     assert "drained: 1 requests answered" in out
+
+
+class ThreadRecording(SleepBackend):
+    """SleepBackend that records the thread each call ran on."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.threads: list[str] = []
+
+    def run(self, feeds: Any) -> dict[str, np.ndarray]:
+        self.threads.append(threading.current_thread().name)
+        return super().run(feeds)
+
+
+def test_a_lone_short_request_runs_on_the_loop_and_batched_work_on_the_model_thread() -> None:
+    backend = ThreadRecording(base_ms=1)
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+
+    async def body(client: Any, batcher: Batcher) -> None:
+        for _ in range(3):  # one at a time: each is the only request in the server
+            resp = await client.post("/v2/models/m/infer", json=infer_json({"x": x}))
+            assert resp.status == 200
+            assert (await resp.json())["outputs"][0]["data"] == (x * 2 + 1).ravel().tolist()
+        # Called directly (not known to be alone), as under load: the model thread, batched.
+        results = await asyncio.gather(*(batcher.submit({"x": x + i}) for i in range(4)))
+        for i, r in enumerate(results):
+            np.testing.assert_array_equal(r.outputs["y"], (x + i) * 2 + 1)
+
+    # A generous inline_max_ms: a loaded test machine can stretch a 1 ms sleep past 10 ms.
+    config = BatcherConfig(max_batch=8, max_wait_ms=5, target_latency_ms=LONG, inline_max_ms=1000)
+    with_client([backend], body, config)
+    main = threading.main_thread().name
+    # The first runs on the model thread: nothing has measured the model yet.
+    assert backend.threads[0].startswith("lto-model") and backend.threads[1:3] == [main, main]
+    assert all(t.startswith("lto-model") for t in backend.threads[3:]) and len(backend.threads) >= 4
+
+    off = ThreadRecording(base_ms=1)
+    with_client(
+        [off], body, BatcherConfig(max_batch=8, max_wait_ms=5, target_latency_ms=LONG, inline_max_ms=0)
+    )
+    assert all(t.startswith("lto-model") for t in off.threads)
