@@ -680,8 +680,9 @@ class Batcher:
         _, _, req = self._deadlines[0]
         return req.deadline - (self.latency.predict(req.work) if self.latency.n else 0.0) / 1e3
 
-    def _plan(self, queue: deque[_Pending], now: float) -> tuple[list[_Pending], float]:
-        """The batch this queue would send now, and when it must leave at the latest."""
+    def _head_batch(self, queue: deque[_Pending]) -> tuple[list[_Pending], int, bool]:
+        """The requests at the head of this queue that fit one batch, their rows, and whether
+        the batch is full (as large as batches grow now)."""
         row_work = queue[0].work / queue[0].rows  # _remove keeps the head live
         cap = self._max_rows_now(row_work)
         batch: list[_Pending] = []
@@ -693,7 +694,12 @@ class Batcher:
                 break
             batch.append(req)
             rows += req.rows
-        if rows >= cap or self._draining:
+        return batch, rows, rows >= cap
+
+    def _plan(self, queue: deque[_Pending], now: float) -> tuple[list[_Pending], float]:
+        """The batch this queue would send now, and when it must leave at the latest."""
+        batch, rows, full = self._head_batch(queue)
+        if full or self._draining:
             return batch, now
         if self._gap_s is not None and self._gap_s >= self.config.max_wait_ms / 1e3:
             # Arrivals are further apart than the whole wait: waiting would add latency and
@@ -701,7 +707,7 @@ class Batcher:
             return batch, now
         earliest = min(r.target for r in batch)
         # Latest start that still meets the earliest target if one more row joins.
-        grown = (rows + 1) * row_work
+        grown = (rows + 1) * queue[0].work / queue[0].rows
         latest = earliest - self.latency.upper(grown) / 1e3 if self.latency.n else earliest
         leave_at = min(batch[0].enqueued + self.config.max_wait_ms / 1e3, latest)
         return batch, leave_at
@@ -719,12 +725,6 @@ class Batcher:
             batch.pop()
         return batch
 
-    def _full_batch(self, queue: deque[_Pending], now: float) -> list[_Pending] | None:
-        """The batch this queue would send now if it is already as large as batches grow."""
-        batch, _ = self._plan(queue, now)
-        cap = self._max_rows_now(queue[0].work / queue[0].rows)
-        return batch if sum(r.rows for r in batch) >= cap else None
-
     def _launch_standby(self, now: float) -> None:
         """Every instance is busy: give one whose batch is running its next batch now, if a full
         one waits. Its thread starts it the moment the running batch ends, instead of idling
@@ -739,10 +739,10 @@ class Batcher:
             start = max(now, self._busy_until[instance])
             chosen: list[_Pending] | None = None
             for queue in self._queues.values():
-                batch = self._full_batch(queue, now)
-                if batch and any(r.deadline < math.inf for r in batch):
+                batch, _, full = self._head_batch(queue)
+                if not full or any(r.deadline < math.inf for r in batch):
                     continue
-                if batch and (chosen is None or min(r.target for r in batch) < min(r.target for r in chosen)):
+                if chosen is None or min(r.target for r in batch) < min(r.target for r in chosen):
                     chosen = batch
             if chosen is None:
                 return
