@@ -384,8 +384,7 @@ def run_model(key: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
         print(
             f"   model alone p50 {low['model_alone_p50_ms']:.3f} ms | lto serve over HTTP p50 "
             f"{low['http_request_p50_ms']:.3f} ms -> overhead {low['http_overhead_p50_ms']:.3f} ms "
-            f"with the aiohttp client, {low['raw_client_overhead_p50_ms']:.3f} ms with a raw socket "
-            f"(in-process {low['in_process_overhead_p50_ms']:.3f} ms; "
+            f"with the aiohttp client (in-process {low['in_process_overhead_p50_ms']:.3f} ms; "
             f"GET floor {low['http_get_live_p50_ms']:.3f} ms)"
         )
         # The same raw client against both HTTP servers, interleaved: what each server adds.

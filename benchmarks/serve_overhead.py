@@ -222,27 +222,24 @@ async def low_load(
     per_round: int,
     config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Interleave rounds of: model alone, one-at-a-time HTTP requests (aiohttp client and the raw
-    client), one-at-a-time in-process. `config`: the runtime settings the server runs the model
-    with (the same model alone)."""
+    """Interleave rounds of: model alone, one-at-a-time HTTP requests, one-at-a-time in-process.
+    `config`: the runtime settings the server runs the model with (the same model alone).
+    `raw_overhead` measures the same with the raw-socket client, against several servers."""
     config = config or SERVE_CONFIG
     backend = open_backend("onnxruntime", model, config)
     batcher = Batcher([open_backend("onnxruntime", model, config)], BatcherConfig())
     await batcher.start(feeds)
     http = HttpEndpoint(url, "m", feeds)
     await http.open()
-    raw = raw_infer_client(url, "m", feeds)
     inproc = InProcessEndpoint(batcher, feeds)
     alone: list[float] = []
     http_floor: list[float] = []
     over_http: list[float] = []
-    over_raw: list[float] = []
     in_process: list[float] = []
     phases: dict[str, list[float]] = {}
     model_alone_ms(backend, feeds, 50)  # warm-up
     for _ in range(rounds):
         alone += model_alone_ms(backend, feeds, per_round)
-        over_raw += [raw.roundtrip_ms() for _ in range(per_round)]
         # The HTTP stack alone (client + server + loopback): a GET that does no work.
         for _ in range(per_round):
             t0 = time.perf_counter()
@@ -255,19 +252,16 @@ async def low_load(
         res = await run_load(inproc, LoadSettings(concurrency=1, requests=per_round, warmup=5))
         in_process += res.samples_ms
     await http.close()
-    raw.close()
     await batcher.drain()
     p50 = {
         k: float(np.percentile(v, 50))
-        for k, v in (("model", alone), ("http", over_http), ("raw", over_raw), ("inproc", in_process))
+        for k, v in (("model", alone), ("http", over_http), ("inproc", in_process))
     }
     return {
         "model_alone_p50_ms": p50["model"],
         "http_request_p50_ms": p50["http"],
-        "raw_client_request_p50_ms": p50["raw"],
         "in_process_request_p50_ms": p50["inproc"],
         "http_overhead_p50_ms": p50["http"] - p50["model"],
-        "raw_client_overhead_p50_ms": p50["raw"] - p50["model"],
         "in_process_overhead_p50_ms": p50["inproc"] - p50["model"],
         "http_breakdown_p50_ms": {k: float(np.percentile(v, 50)) for k, v in phases.items()},
         "http_get_live_p50_ms": float(np.percentile(http_floor, 50)),
