@@ -42,14 +42,33 @@ def shorten_label(text: str, width: int) -> str:
     return body[:left] + "…" + (body[len(body) - right :] if right > 0 else "") + suffix
 
 
-def _fit_first_column(table_for: Any, labels: list[str], console: Console) -> int:
-    """The first column's width that makes the whole table fit the console: the other columns
-    keep their natural width (numbers are never cut), the labels give way."""
+def _fit_first_column(table_for: Any, labels: list[str], console: Console) -> tuple[int, int]:
+    """The first column's width that makes the whole table fit the console, and the width the
+    table then takes: the other columns keep their natural width (numbers are never cut), the
+    labels give way down to 8 characters (enough for a trailing '@b8'). When even that is too
+    wide, the table is wider than the console rather than cut."""
     natural = max([len(label) for label in labels] + [5])
     probe = Console(width=10_000, record=True, color_system=None, file=_NullFile())
     probe.print(table_for(natural))
     used = max((len(line) for line in probe.export_text().splitlines()), default=0)
-    return max(8, natural - max(0, used - console.width))
+    width = max(8, natural - max(0, used - console.width))
+    return width, used - (natural - width)
+
+
+def _print_fitted(table_for: Any, labels: list[str], console: Console) -> None:
+    """Print the table with its labels fitted (see _fit_first_column). A table wider than the
+    console goes through a console as wide as it: rich would otherwise cut its last columns."""
+    label_width, table_width = _fit_first_column(table_for, labels, console)
+    if table_width <= console.width:
+        console.print(table_for(label_width))
+        return
+    wide = Console(
+        file=console.file,
+        width=table_width,
+        force_terminal=console.is_terminal,
+        color_system=console.color_system,  # type: ignore[arg-type]
+    )
+    wide.print(table_for(label_width))
 
 
 class _NullFile:
@@ -120,7 +139,7 @@ def render_measurements(report: dict[str, Any], console: Console) -> None:
             table.add_row(escape(shorten_label(row[0], label_width)), *row[1:], style=style)
         return table
 
-    console.print(table_for(_fit_first_column(table_for, [r[0] for r in rows], console)))
+    _print_fitted(table_for, [r[0] for r in rows], console)
     for m in results:
         if not m["stability"]["stable"]:
             console.print(
@@ -480,7 +499,7 @@ def render_optimize_summary(
             table.add_row(*cells, style=style)
         return table
 
-    console.print(table_for(_fit_first_column(table_for, [r[0] for r in rows], console)))
+    _print_fitted(table_for, [r[0] for r in rows], console)
     slo, shi = section["speedup_ci95"]
     console.print(
         f"artifact: [bold]{escape(str(artifact_dir))}[/] ({escape(section['best']['label'])}), "
