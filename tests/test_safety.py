@@ -234,6 +234,16 @@ def test_sigterm_during_optimize_keeps_the_previous_artifact(tmp_path: Path, art
     assert not list(tmp_path.glob(".lto-work-*")) and not list(tmp_path.glob(".art.*"))
 
 
+def _is_tuner(child: psutil.Process) -> bool:
+    """A multiprocessing worker of lto's, not its resource tracker. A child that ends while it is
+    looked at (a zombie, or gone) is not the tuner."""
+    try:
+        cmdline = " ".join(child.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    return "multiprocessing" in cmdline and "resource_tracker" not in cmdline
+
+
 def test_ctrl_c_during_tvm_tuning_reaches_lto_and_ends_the_tuner(tmp_path: Path, artifact: Path) -> None:
     pytest.importorskip("tvm")
     from optimize.runtimes.tvm.tune_stage import compiler_available
@@ -250,8 +260,7 @@ def test_ctrl_c_during_tvm_tuning_reaches_lto_and_ends_the_tuner(tmp_path: Path,
     deadline = time.monotonic() + 240
     tuner = None
     while tuner is None and time.monotonic() < deadline and proc.poll() is None:
-        tuner = next((c for c in lto.children() if "multiprocessing" in " ".join(c.cmdline())
-                      and "resource_tracker" not in " ".join(c.cmdline())), None)  # fmt: skip
+        tuner = next((c for c in lto.children() if _is_tuner(c)), None)
         time.sleep(0.5)
     assert tuner is not None, "the tvm-tune stage never started its process"
     group = os.getpgid(tuner.pid)
