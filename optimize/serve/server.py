@@ -148,6 +148,21 @@ def _shed(message: str, retry_after_s: int) -> web.Response:
     return _error(503, message, {"Retry-After": str(retry_after_s)})
 
 
+def _loop_has_nothing_else() -> bool:
+    """Whether the event loop has no other callback ready (a handler about to start) and no
+    socket readable (a request not yet read). Counting requests in flight is not enough: under a
+    burst the next ones are still in the sockets, and a model run that blocked the loop would
+    keep them there, serving one at a time, never shedding. Reads asyncio's private `_ready` and
+    `_selector`; where they are missing (another loop), the answer is no, which is always safe."""
+    loop = asyncio.get_running_loop()
+    ready = getattr(loop, "_ready", None)
+    selector = getattr(loop, "_selector", None)
+    if ready is None or selector is None:
+        return False
+    # Level-triggered epoll: polling does not consume the events the loop will see next.
+    return not ready and not selector.select(0)
+
+
 def _server_timing(phases: dict[str, float], batch_rows: int) -> str:
     parts = [f"{name};dur={ms:.3f}" for name, ms in phases.items()]
     parts.append(f'rows;desc="{batch_rows}"')
@@ -331,6 +346,8 @@ class InferenceServer:
     async def _read_body(self, request: web.Request) -> bytes | web.StreamResponse:
         limit = self.config.max_body_bytes
         try:
+            if request.content.is_eof():  # the whole body has arrived: no timer to arm
+                return await request.read()
             async with asyncio.timeout(self.config.read_timeout_s):
                 return await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -397,8 +414,9 @@ class InferenceServer:
         # A deadline counts from here, decoded and queued (Triton's rule), not from arrival.
         try:
             # The only request in the server may run on the loop: no hand-off to a thread and back.
+            alone = self.inflight == 1 and _loop_has_nothing_else()
             result = await self.batcher.submit(
-                parsed.feeds, parsed.deadline_ms, arrived=t_decoded, alone=self.inflight == 1
+                parsed.feeds, parsed.deadline_ms, arrived=t_decoded, alone=alone
             )
         except Overloaded as exc:
             self._count("overloaded")

@@ -216,6 +216,35 @@ def test_overload_is_shed_at_once_and_every_request_is_answered_exactly_once() -
     )
 
 
+def test_a_burst_is_shed_even_when_each_request_is_short_enough_to_run_on_the_loop() -> None:
+    """A short model may run on the event loop when its request is the only one in the server.
+    Under a burst, the next requests are already in the sockets or about to start: running on
+    the loop then would serve them one by one, never read them, never shed (the queue moves into
+    the sockets) and answer late. Found at 3x overload: 0 of 18,000 requests shed, p50 8 s."""
+    backend = SleepBackend(base_ms=3)
+    sent = 60
+
+    async def body(client: Any, batcher: Batcher, server: InferenceServer) -> None:
+        for _ in range(3):  # one at a time: the batcher learns the model is short
+            assert (await client.post("/v2/models/m/infer", json=infer_json(x(1)))).status == 200
+        assert batcher.latency.n > 0 and batcher.latency.upper(1.0) < 1000
+        responses = await asyncio.gather(
+            *(client.post("/v2/models/m/infer", json=infer_json(x(i))) for i in range(sent))
+        )
+        statuses = [r.status for r in responses]
+        assert set(statuses) <= {200, 503} and statuses.count(503) > 0, statuses
+        for i, r in enumerate(responses):
+            if r.status == 200:
+                assert (await r.json())["outputs"][0]["data"] == [i * 2.0 + 1] * 4
+
+    serve(
+        [backend],
+        body,
+        BatcherConfig(max_batch=1, max_wait_ms=0, target_latency_ms=LONG, inline_max_ms=1000),
+        ServerConfig(model_name="m", max_inflight=4),
+    )
+
+
 def test_bytes_in_flight_are_bounded_before_the_body_is_read() -> None:
     gate = threading.Event()
     backend = SleepBackend(base_ms=1, gate=gate)
