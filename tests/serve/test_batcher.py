@@ -201,6 +201,30 @@ def test_request_that_cannot_meet_its_deadline_gets_a_timeout_and_never_runs() -
     assert result.batch_rows == 1
 
 
+def test_a_lone_request_skips_the_queue_but_keeps_its_deadline_and_exact_results() -> None:
+    backend = SleepBackend(base_ms=20)
+
+    async def main() -> tuple[list[Any], BaseException | None, int]:
+        batcher = Batcher([backend], BatcherConfig(max_batch=8, max_wait_ms=0, target_latency_ms=LONG))
+        await batcher.start()
+        results = [await batcher.submit(x(r, 10 * r), alone=True) for r in (1, 3, 2)]
+        late: BaseException | None = None
+        try:  # the model is known to take 20 ms: a 5 ms deadline cannot be met, even alone
+            await batcher.submit(x(1), deadline_ms=5, alone=True)
+        except DeadlineExceeded as exc:
+            late = exc
+        queued = batcher.queued_rows
+        await asyncio.wait_for(batcher.drain(), 5)  # nothing left behind in the queue
+        return results, late, queued
+
+    results, late, queued = run(main())
+    for rows, result in zip((1, 3, 2), results, strict=True):
+        np.testing.assert_array_equal(result.outputs["y"], x(rows, 10 * rows)["x"] * 2 + 1)
+        assert result.batch_rows == rows
+    assert isinstance(late, DeadlineExceeded) and queued == 0
+    assert backend.calls == [1, 3, 2]  # the late request never ran
+
+
 def test_full_queue_sheds_at_once_with_a_retry_hint_and_answers_the_rest() -> None:
     gate = threading.Event()
     backend = SleepBackend(base_ms=1, gate=gate)
