@@ -31,8 +31,9 @@ Protocol: KServe v2 / Open Inference Protocol (tritonclient.http, KServe SDKs, c
 Answers: 400 bad input (names the input), 408 body not sent in time,
 413 body too large, 503 overloaded (Retry-After; before the body is read),
 504 deadline missed: only requests with a deadline (`deadline_ms`, Triton's
-`timeout` in us, or --queue-timeout-ms) get it. --target-latency-ms steers
-batch sizes; it never rejects a request.
+`timeout` in us, or --queue-timeout-ms) get it; one that the queue ahead would
+make miss its deadline gets 503 at once. --target-latency-ms steers batch
+sizes; it never rejects a request.
 SIGTERM or Ctrl-C drains: everything accepted is answered, then the process exits.
 """
 

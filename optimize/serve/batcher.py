@@ -366,6 +366,7 @@ class Batcher:
         self._deadlines: list[tuple[float, int, _Pending]] = []
         self._counter = itertools.count()
         self._queued_rows = 0
+        self._queued_work = 0.0
         self._inflight = 0
         self._ref_elems: float | None = None
         self._last_arrival: float | None = None
@@ -560,6 +561,17 @@ class Batcher:
             self._idle.clear()
             self._launch([req])
             return await future
+        if deadline < math.inf and self.latency.n and (self._queues or self._busy_until):
+            # Fail fast: a request that could meet its deadline alone but not behind the work
+            # already queued and running is refused now (503), rather than waiting to expire.
+            wait_ms = self._predicted_wait_ms(now)
+            needs_ms = self.latency.predict(work)
+            if now + needs_ms / 1e3 <= deadline < now + (wait_ms + needs_ms) / 1e3:
+                raise Overloaded(
+                    f"overloaded: about {wait_ms:.0f} ms of work is ahead of this request, "
+                    f"its deadline is {(deadline - now) * 1e3:.0f} ms away",
+                    retry_after_s=self.retry_after_s(),
+                )
         key = self._key(feeds, bucket)
         req = _Pending(feeds, rows, seq_len, bucket, key, work, deadline, target, now, future, alone=alone)
         req.seq = next(self._counter)
@@ -568,6 +580,7 @@ class Batcher:
         if deadline < math.inf:
             heapq.heappush(self._deadlines, (req.deadline, req.seq, req))
         self._queued_rows += rows
+        self._queued_work += work
         assert self._idle is not None
         self._idle.clear()
         self._dispatch_ready(now)
@@ -619,6 +632,16 @@ class Batcher:
         backlog_ms = self.latency.predict(self._queued_rows * 1.0) / max(1, len(self.backends))
         return max(1, math.ceil(backlog_ms / 1e3))
 
+    def _predicted_wait_ms(self, now: float) -> float:
+        """How long a request queued now would wait for its batch to start: what the running
+        (and standby) batches have left, plus the queued work at the most efficient batch size,
+        shared among the instances."""
+        busy_s = sum(max(0.0, self._standby.get(i, end) - now) for i, end in self._busy_until.items())
+        best = self.latency.most_efficient_work(self._model_budget_ms())
+        unit = best[0] if best is not None else 1.0
+        ms_per_work = self.latency.predict(unit) / unit
+        return (busy_s * 1e3 + self._queued_work * ms_per_work) / len(self.backends)
+
     def _model_budget_ms(self) -> float:
         # At saturation a request waits for the batch in flight, then runs in the next one:
         # two batch times. So one batch may take at most half the target latency.
@@ -631,6 +654,7 @@ class Batcher:
             return
         req.queued = False
         self._queued_rows -= req.rows
+        self._queued_work = max(0.0, self._queued_work - req.work) if self._queued_rows else 0.0
         left = self._key_rows[req.key] - req.rows
         if left:
             self._key_rows[req.key] = left

@@ -225,6 +225,41 @@ def test_a_lone_request_skips_the_queue_but_keeps_its_deadline_and_exact_results
     assert backend.calls == [1, 3, 2]  # the late request never ran
 
 
+def test_a_deadline_that_the_queue_ahead_would_break_is_refused_at_once() -> None:
+    gate = threading.Event()
+    gate.set()
+    backend = SleepBackend(base_ms=20, gate=gate)
+
+    async def main() -> tuple[BaseException | None, float, list[Any]]:
+        batcher = Batcher([backend], BatcherConfig(max_batch=1, max_wait_ms=0, target_latency_ms=LONG))
+        await batcher.start()
+        for _ in range(3):  # learn that a call takes about 20 ms
+            await batcher.submit(x(1))
+        gate.clear()
+        held = [asyncio.ensure_future(batcher.submit(x(1, 10 * i))) for i in range(4)]
+        await asyncio.sleep(0.05)  # one runs (held at the gate), three wait: ~80 ms ahead
+        refused: BaseException | None = None
+        t0 = time.monotonic()
+        try:  # 50 ms would do alone, not behind the queue
+            await batcher.submit(x(1, 99), deadline_ms=50)
+        except Overloaded as exc:
+            refused = exc
+        waited = time.monotonic() - t0
+        patient = asyncio.ensure_future(batcher.submit(x(1, 7), deadline_ms=LONG))
+        gate.set()
+        results = await asyncio.gather(*held, patient)
+        await batcher.drain()
+        return refused, waited, results
+
+    refused, waited, results = run(main())
+    assert isinstance(refused, Overloaded) and "ahead of this request" in str(refused)
+    assert refused.retry_after_s >= 1
+    assert waited < 0.04  # refused at once, not after waiting for its deadline to pass
+    np.testing.assert_array_equal(results[-1].outputs["y"], x(1, 7)["x"] * 2 + 1)
+    assert 99 * 2 + 1 not in [float(v) for r in results for v in r.outputs["y"].ravel()]
+    assert len(backend.calls) == 3 + 4 + 1  # the refused request never ran
+
+
 def test_full_queue_sheds_at_once_with_a_retry_hint_and_answers_the_rest() -> None:
     gate = threading.Event()
     backend = SleepBackend(base_ms=1, gate=gate)
