@@ -367,6 +367,10 @@ class Batcher:
         self._counter = itertools.count()
         self._queued_rows = 0
         self._queued_work = 0.0
+        # Wall ms per unit of work between batch completions while work waited: what the server
+        # really delivers, hand-offs and contention included, not only the model's time.
+        self._served_ms_per_work: float | None = None
+        self._last_finish: float | None = None
         self._inflight = 0
         self._ref_elems: float | None = None
         self._last_arrival: float | None = None
@@ -632,15 +636,27 @@ class Batcher:
         backlog_ms = self.latency.predict(self._queued_rows * 1.0) / max(1, len(self.backends))
         return max(1, math.ceil(backlog_ms / 1e3))
 
+    def _observe_service(self, t_back: float, work: float) -> None:
+        """Learn the delivered rate from completions that follow each other under backlog."""
+        last, self._last_finish = self._last_finish, t_back
+        if last is None or not self._queues or work <= 0:
+            return
+        ms = (t_back - last) * 1e3 / work
+        old = self._served_ms_per_work
+        self._served_ms_per_work = ms if old is None else 0.9 * old + 0.1 * ms
+
     def _predicted_wait_ms(self, now: float) -> float:
         """How long a request queued now would wait for its batch to start: what the running
-        (and standby) batches have left, plus the queued work at the most efficient batch size,
-        shared among the instances."""
+        (and standby) batches have left, plus the queued work at the most efficient batch size
+        shared among the instances, or at the rate the server has been delivering under backlog
+        when that is slower."""
         busy_s = sum(max(0.0, self._standby.get(i, end) - now) for i, end in self._busy_until.items())
         best = self.latency.most_efficient_work(self._model_budget_ms())
         unit = best[0] if best is not None else 1.0
-        ms_per_work = self.latency.predict(unit) / unit
-        return (busy_s * 1e3 + self._queued_work * ms_per_work) / len(self.backends)
+        queued_ms = self._queued_work * self.latency.predict(unit) / unit / len(self.backends)
+        if self._served_ms_per_work is not None:
+            queued_ms = max(queued_ms, self._queued_work * self._served_ms_per_work)
+        return busy_s * 1e3 / len(self.backends) + queued_ms
 
     def _model_budget_ms(self) -> float:
         # At saturation a request waits for the batch in flight, then runs in the next one:
@@ -778,8 +794,11 @@ class Batcher:
         """Every instance is busy: give one whose batch is running its next batch now, if a full
         one waits. Its thread starts it the moment the running batch ends, instead of idling
         until the event loop, busy reading and shedding requests under overload, hands it
-        one. Only full batches go early (nothing would join them by waiting), and only requests
-        without a deadline: one that has a deadline stays where it can still expire."""
+        one. Only full batches go early (nothing would join them by waiting). A batch with
+        deadlines goes only when the model is measured and the batch is predicted to end within
+        them, started when the running one ends: it can no longer expire there (answered late
+        if the running batch overruns), but without standby the instance idled between batches
+        under overload."""
         while self._queues:
             ready = [i for i in self._busy_until if i not in self._standby]
             if not ready:
@@ -789,13 +808,20 @@ class Batcher:
             chosen: list[_Pending] | None = None
             for queue in self._queues.values():
                 batch, _, full = self._head_batch(queue)
-                if not full or any(r.deadline < math.inf for r in batch):
+                if not full:
+                    continue
+                batch = self._shrink(batch, start)
+                earliest = min(r.deadline for r in batch)
+                if earliest < math.inf and (
+                    self.latency.n == 0
+                    or start + self.latency.upper(sum(r.work for r in batch)) / 1e3 > earliest
+                ):
                     continue
                 if chosen is None or min(r.target for r in batch) < min(r.target for r in chosen):
                     chosen = batch
             if chosen is None:
                 return
-            self._launch(self._shrink(chosen, start), instance, start)
+            self._launch(chosen, instance, start)
 
     def _dispatch_ready(self, now: float) -> float | None:
         """Launch every batch that should leave now; return when the next one must leave.
@@ -897,6 +923,7 @@ class Batcher:
         try:
             outs, t_asm, t_run, t_end, work = future.result()
             model_ms = (t_end - t_run) * 1e3
+            self._observe_service(t_back, work)
             ok = not any(isinstance(out, BaseException) for out in outs)
             if ok:  # a batch re-run one by one after a failure says nothing about batch latency
                 self.latency.observe(work, model_ms)

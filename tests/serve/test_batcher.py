@@ -454,6 +454,42 @@ def test_a_full_batch_waits_on_the_busy_instance_not_in_the_queue() -> None:
         np.testing.assert_array_equal(r.outputs["y"], x(1, i)["x"] * 2 + 1)
 
 
+def test_a_full_batch_with_deadlines_goes_on_standby_only_when_predicted_to_meet_them() -> None:
+    gate = threading.Event()
+    gate.set()
+    backend = SleepBackend(base_ms=10, gate=gate)
+
+    async def main() -> tuple[list[int], BaseException | None, list[Any]]:
+        config = BatcherConfig(max_batch=1, max_wait_ms=0, target_latency_ms=LONG)
+        batcher = Batcher([backend], config)
+        await batcher.start()
+        for _ in range(3):  # learn that a call takes about 10 ms
+            await batcher.submit(x(1))
+        gate.clear()
+        running = asyncio.ensure_future(batcher.submit(x(1, 1)))
+        await asyncio.sleep(0.01)
+        # Predicted to end ~20 ms from now, well within 10 s: handed to the busy instance.
+        roomy = asyncio.ensure_future(batcher.submit(x(1, 2), deadline_ms=10_000))
+        await asyncio.sleep(0)  # roomy is submitted, predicted to start when the running one ends
+        seen = [batcher.inflight_batches, batcher.queued_rows]
+        # 15 ms is enough alone, not behind the 10 ms standby batch: refused at once.
+        tight: BaseException | None = None
+        try:
+            await batcher.submit(x(1, 3), deadline_ms=15)
+        except Overloaded as exc:
+            tight = exc
+        gate.set()
+        results = await asyncio.gather(running, roomy)
+        await batcher.drain()
+        return seen, tight, results
+
+    seen, tight, results = run(main())
+    assert seen == [2, 0]  # the running batch, and the roomy one on standby
+    assert isinstance(tight, Overloaded)
+    for i, r in enumerate(results, start=1):
+        np.testing.assert_array_equal(r.outputs["y"], x(1, i)["x"] * 2 + 1)
+
+
 def test_model_with_fixed_batch_runs_one_request_per_call() -> None:
     backend = SleepBackend(base_ms=1, batchable=False)
 
