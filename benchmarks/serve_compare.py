@@ -391,9 +391,23 @@ def run_model(key: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
             "binary requests from the raw client"
         )
         over: dict[str, Any] = {}
-        for name, url, pid in (("lto", lto_url, lto_proc.pid), ("fastapi", fast_url, fast_proc.pid)):
+        # lto serve as an SLO-minded user runs it: a queue timeout at the SLO, so that what is
+        # admitted is answered within it and the rest refused at once.
+        slo_args = ["--target-latency-ms", str(args.slo_ms / 2), "--queue-timeout-ms", str(args.slo_ms)]
+        slo_proc, slo_url = start_server(model, "--threads", "1", "--instances", "1", *slo_args)
+        runs = (
+            ("lto", lto_url, lto_proc.pid),
+            (f"lto --queue-timeout-ms {args.slo_ms:g}", slo_url, slo_proc.pid),
+            ("fastapi", fast_url, fast_proc.pid),
+        )
+        for name, url, pid in runs:
             cap = asyncio.run(capacity(url, feeds, 10.0))
-            over[name] = o = asyncio.run(overload(url, pid, feeds, cap["ok_per_s"], args.overload_seconds))
+            try:
+                o = asyncio.run(overload(url, pid, feeds, cap["ok_per_s"], args.overload_seconds))
+            finally:
+                if pid == slo_proc.pid:
+                    stop_server(slo_proc)
+            over[name] = o
             o["capacity_run"] = cap
             print(
                 f"   {name}: capacity {cap['ok_per_s']:.0f}/s, offered {o['achieved_offered_qps']:.0f}/s: "
