@@ -568,9 +568,14 @@ class Batcher:
         if deadline < math.inf and self.latency.n and (self._queues or self._busy_until):
             # Fail fast: a request that could meet its deadline alone but not behind the work
             # already queued and running is refused now (503), rather than waiting to expire.
+            # Behind the queue it runs in a batch of the efficient size, not alone: admitting
+            # only what can finish in such a batch leaves the queue room to batch. (Admitting up
+            # to the alone time filled the queue to the deadline, every batch then had to shrink
+            # to one row to meet it, and the PP-OCR cls lost 45% of its capacity.)
             wait_ms = self._predicted_wait_ms(now)
             needs_ms = self.latency.predict(work)
-            if now + needs_ms / 1e3 <= deadline < now + (wait_ms + needs_ms) / 1e3:
+            batched_ms = self.latency.upper(max(work, self._efficient_work()))
+            if now + needs_ms / 1e3 <= deadline < now + (wait_ms + batched_ms) / 1e3:
                 raise Overloaded(
                     f"overloaded: about {wait_ms:.0f} ms of work is ahead of this request, "
                     f"its deadline is {(deadline - now) * 1e3:.0f} ms away",
@@ -645,14 +650,18 @@ class Batcher:
         old = self._served_ms_per_work
         self._served_ms_per_work = ms if old is None else 0.9 * old + 0.1 * ms
 
+    def _efficient_work(self) -> float:
+        """The work of the most efficient batch size within the model budget (1.0 unknown)."""
+        best = self.latency.most_efficient_work(self._model_budget_ms())
+        return best[0] if best is not None else 1.0
+
     def _predicted_wait_ms(self, now: float) -> float:
         """How long a request queued now would wait for its batch to start: what the running
         (and standby) batches have left, plus the queued work at the most efficient batch size
         shared among the instances, or at the rate the server has been delivering under backlog
         when that is slower."""
         busy_s = sum(max(0.0, self._standby.get(i, end) - now) for i, end in self._busy_until.items())
-        best = self.latency.most_efficient_work(self._model_budget_ms())
-        unit = best[0] if best is not None else 1.0
+        unit = self._efficient_work()
         queued_ms = self._queued_work * self.latency.predict(unit) / unit / len(self.backends)
         if self._served_ms_per_work is not None:
             queued_ms = max(queued_ms, self._queued_work * self._served_ms_per_work)
