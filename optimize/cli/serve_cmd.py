@@ -113,6 +113,12 @@ def serve(
     read_timeout_s: float = typer.Option(
         30.0, "--read-timeout-s", min=0.001, help="A body not received in this long: 408, closed."
     ),
+    busy_poll_us: float = typer.Option(
+        0.0,
+        "--busy-poll-us",
+        min=0.0,
+        help="When idle, poll this long before sleeping: less latency on VMs, CPU spent (e.g. 300).",
+    ),
     shape: list[str] = ShapeOption,
     validate: bool = typer.Option(
         False, "--validate", help="Run `lto load` against the server, exit with its verdict."
@@ -166,7 +172,8 @@ def serve(
                       queue_timeout_ms=queue_timeout_ms, max_queue=max_queue, instances=instances),
         ServerConfig(host=host, port=port, model_name=name or "",
                      max_body_bytes=int(max_body_mb * 1024 * 1024), max_inflight=max_inflight,
-                     max_inflight_bytes=int(max_inflight_mb * 1024 * 1024), read_timeout_s=read_timeout_s),
+                     max_inflight_bytes=int(max_inflight_mb * 1024 * 1024), read_timeout_s=read_timeout_s,
+                     busy_poll_us=busy_poll_us),
         shapes=parse_shape_args(shape),
         validate=load_options,
         console=console,

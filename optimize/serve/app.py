@@ -14,6 +14,7 @@ import numpy as np
 
 from optimize.errors import LtoError, UsageError, message_line
 from optimize.runtime_model import RuntimeModel
+from optimize.serve import polling
 from optimize.serve.batcher import Batcher, BatcherConfig
 from optimize.serve.loadgen import (
     Endpoint,
@@ -33,6 +34,7 @@ from optimize.serve.loading import (
     platform_of,
     resolve_served,
 )
+from optimize.serve.polling import PollingSelector
 from optimize.serve.server import RunningServer, ServerConfig, serve_until_signal
 from optimize.units import percentile_label
 
@@ -142,16 +144,18 @@ def run_serve(
             return None
         return _validate_child(running, served.label, validate, console)
 
-    async def main() -> int | None:
+    async def main(poller: PollingSelector | None) -> int | None:
         try:
-            return await serve_until_signal(batcher, server_config, row or None, on_ready=announce)
+            return await serve_until_signal(
+                batcher, server_config, row or None, on_ready=announce, poller=poller
+            )
         except OSError as exc:
             raise LtoError(
                 f"cannot listen on {server_config.host}:{server_config.port}: {exc.strerror or exc}",
                 "choose another --port",
             ) from None
 
-    code = asyncio.run(main())
+    code = polling.run(main, server_config.busy_poll_us)
     console.print(f"drained: {batcher.requests_answered} requests answered in {batcher.batches_run} batches")
     return 0 if code is None else code
 

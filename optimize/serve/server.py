@@ -25,6 +25,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from optimize import __version__
 from optimize.errors import InputError, first_line
 from optimize.serve.batcher import Batcher, BatchStats, DeadlineExceeded, ModelFailure, Overloaded
+from optimize.serve.polling import PollingSelector
 from optimize.serve.protocol import (
     HEADER_LENGTH,
     InferRequest,
@@ -85,6 +86,8 @@ class ServerConfig:
     max_inflight_bytes: int = 256 * 1024 * 1024
     # A client that has not sent its whole body after this long is answered 408 and closed.
     read_timeout_s: float = 30.0
+    # Poll this long before the idle loop sleeps (optimize/serve/polling.py); 0: never.
+    busy_poll_us: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -486,10 +489,14 @@ async def start_server(
     batcher: Batcher,
     config: ServerConfig,
     sample_row: dict[str, Any] | None = None,
+    poller: PollingSelector | None = None,
 ) -> RunningServer:
-    """Calibrate the batcher, bind the socket, and return once the server answers requests."""
+    """Calibrate the batcher, bind the socket, and return once the server answers requests.
+    `poller`: the loop's polling selector, told to poll only while nothing is in flight."""
     await batcher.start(sample_row or None)
     server = InferenceServer(batcher, config)
+    if poller is not None:
+        poller.may_poll = lambda: server.inflight == 0 and batcher.inflight_batches == 0
     # handler_cancellation: a client that hangs up takes its request out of the queue.
     runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=30.0, handler_cancellation=True)
     await runner.setup()
@@ -506,9 +513,10 @@ async def serve_until_signal(
     config: ServerConfig,
     sample_row: dict[str, Any] | None = None,
     on_ready: Callable[[RunningServer], Awaitable[int | None] | None] | None = None,
+    poller: PollingSelector | None = None,
 ) -> int | None:
     """Serve until SIGTERM/SIGINT (or until `on_ready`'s coroutine returns), then drain and exit."""
-    running = await start_server(batcher, config, sample_row)
+    running = await start_server(batcher, config, sample_row, poller)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
