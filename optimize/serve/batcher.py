@@ -211,12 +211,14 @@ class LatencyModel:
     def upper(self, work: float) -> float:
         return self.predict(work) + 2.0 * math.sqrt(self._var)
 
-    def most_efficient_work(self, budget_ms: float) -> tuple[float, bool] | None:
-        """(work, is_largest_measured) of the size class with the most work per ms within budget."""
+    def most_efficient_work(self, budget_ms: float, per_batch_ms: float = 0.0) -> tuple[float, bool] | None:
+        """(work, is_largest_measured) of the size class with the most work per ms within budget;
+        `per_batch_ms`: what each batch costs besides the model call (hand-offs), which favours
+        larger batches when work waits."""
         points = [p for p in self._points() if p[1] <= budget_ms and p[1] > 0]
         if not points:
             return None
-        best = max(points, key=lambda p: p[0] / p[1])
+        best = max(points, key=lambda p: p[0] / (p[1] + per_batch_ms))
         return best[0], best == self._points()[-1]
 
     def to_json(self) -> dict[str, Any]:
@@ -371,6 +373,10 @@ class Batcher:
         # really delivers, hand-offs and contention included, not only the model's time.
         self._served_ms_per_work: float | None = None
         self._last_finish: float | None = None
+        # Instance -> when its last model call ended; and the EW mean idle time of an instance
+        # between calls while work already waited for it (hand-offs to and from its thread).
+        self._last_end: dict[int, float] = {}
+        self._batch_gap_ms = 0.0
         self._inflight = 0
         self._ref_elems: float | None = None
         self._last_arrival: float | None = None
@@ -641,6 +647,14 @@ class Batcher:
         backlog_ms = self.latency.predict(self._queued_rows * 1.0) / max(1, len(self.backends))
         return max(1, math.ceil(backlog_ms / 1e3))
 
+    def _observe_gap(self, instance: int, live: list[_Pending], t_run: float, t_end: float) -> None:
+        """Learn how long an instance sits idle between calls although work waits for it."""
+        last, self._last_end[instance] = self._last_end.get(instance), t_end
+        if last is None or min(r.enqueued for r in live) > last or t_run < last:
+            return  # the instance had nothing to do: an idle gap, not a hand-off
+        gap_ms = min((t_run - last) * 1e3, 10.0)  # a descheduled thread is not a hand-off
+        self._batch_gap_ms = 0.9 * self._batch_gap_ms + 0.1 * gap_ms
+
     def _observe_service(self, t_back: float, work: float) -> None:
         """Learn the delivered rate from completions that follow each other under backlog."""
         last, self._last_finish = self._last_finish, t_back
@@ -652,7 +666,7 @@ class Batcher:
 
     def _efficient_work(self) -> float:
         """The work of the most efficient batch size within the model budget (1.0 unknown)."""
-        best = self.latency.most_efficient_work(self._model_budget_ms())
+        best = self.latency.most_efficient_work(self._model_budget_ms(), self._batch_gap_ms)
         return best[0] if best is not None else 1.0
 
     def _predicted_wait_ms(self, now: float) -> float:
@@ -707,7 +721,7 @@ class Batcher:
         if self.latency.n == 0 or row_work <= 0:
             return self.max_rows
         budget = self._model_budget_ms()
-        best = self.latency.most_efficient_work(budget)
+        best = self.latency.most_efficient_work(budget, self._batch_gap_ms)
         if best is None:
             return 1
         work, largest = best
@@ -933,6 +947,7 @@ class Batcher:
             outs, t_asm, t_run, t_end, work = future.result()
             model_ms = (t_end - t_run) * 1e3
             self._observe_service(t_back, work)
+            self._observe_gap(instance, live, t_run, t_end)
             ok = not any(isinstance(out, BaseException) for out in outs)
             if ok:  # a batch re-run one by one after a failure says nothing about batch latency
                 self.latency.observe(work, model_ms)
