@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import selectors
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 
@@ -42,16 +42,20 @@ class PollingSelector(selectors.EpollSelector):
         return super().select(None if timeout is None else max(0.0, timeout - window))
 
 
-def new_event_loop(busy_poll_us: float) -> tuple[asyncio.AbstractEventLoop, PollingSelector | None]:
-    """The server's loop: asyncio's default, polling first when `busy_poll_us` > 0."""
+def run(main: Callable[[PollingSelector | None], Awaitable[Any]], busy_poll_us: float) -> Any:
+    """asyncio.run(main(selector)) on the server's loop: asyncio's default, or one whose selector
+    polls first when `busy_poll_us` > 0 (main receives that selector, or None)."""
     if busy_poll_us <= 0:
-        return asyncio.new_event_loop(), None
+        return asyncio.run(main(None))
     selector = PollingSelector(busy_poll_us / 1e6)
-    return asyncio.SelectorEventLoop(selector), selector
-
-
-def run(main: Any, busy_poll_us: float) -> Any:
-    """asyncio.run(main) on the server's loop; `main` receives the polling selector (or None)."""
-    loop, selector = new_event_loop(busy_poll_us)
-    with asyncio.Runner(loop_factory=lambda: loop) as runner:
-        return runner.run(main(selector))
+    loop = asyncio.SelectorEventLoop(selector)
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(main(selector))
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()

@@ -351,14 +351,13 @@ class InferenceServer:
         try:
             if request.content.is_eof():  # the whole body has arrived: no timer to arm
                 return await request.read()
-            async with asyncio.timeout(self.config.read_timeout_s):
-                return await request.read()
+            return await asyncio.wait_for(request.read(), self.config.read_timeout_s)
         except web.HTTPRequestEntityTooLarge:
             self._count("too_large")
             response = _error(413, f"request body exceeds the limit of {limit} bytes")
             response.force_close()
             return response
-        except TimeoutError:
+        except (TimeoutError, asyncio.TimeoutError):  # one class from 3.11, two before
             self._count("read_timeout")
             response = _error(408, f"the request body did not arrive within {self.config.read_timeout_s:g} s")
             response.force_close()
