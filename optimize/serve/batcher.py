@@ -578,9 +578,10 @@ class Batcher:
             # only what can finish in such a batch leaves the queue room to batch. (Admitting up
             # to the alone time filled the queue to the deadline, every batch then had to shrink
             # to one row to meet it, and the PP-OCR cls lost 45% of its capacity.)
-            wait_ms = self._predicted_wait_ms(now)
+            unit = self._efficient_work()
+            wait_ms = self._predicted_wait_ms(now, unit)
             needs_ms = self.latency.predict(work)
-            batched_ms = self.latency.upper(max(work, self._efficient_work()))
+            batched_ms = self.latency.upper(max(work, unit))
             if now + needs_ms / 1e3 <= deadline < now + (wait_ms + batched_ms) / 1e3:
                 raise Overloaded(
                     f"overloaded: about {wait_ms:.0f} ms of work is ahead of this request, "
@@ -669,13 +670,12 @@ class Batcher:
         best = self.latency.most_efficient_work(self._model_budget_ms(), self._batch_gap_ms)
         return best[0] if best is not None else 1.0
 
-    def _predicted_wait_ms(self, now: float) -> float:
+    def _predicted_wait_ms(self, now: float, unit: float) -> float:
         """How long a request queued now would wait for its batch to start: what the running
-        (and standby) batches have left, plus the queued work at the most efficient batch size
-        shared among the instances, or at the rate the server has been delivering under backlog
-        when that is slower."""
+        (and standby) batches have left, plus the queued work in batches of `unit` work (the
+        most efficient size) shared among the instances, or at the rate the server has been
+        delivering under backlog when that is slower."""
         busy_s = sum(max(0.0, self._standby.get(i, end) - now) for i, end in self._busy_until.items())
-        unit = self._efficient_work()
         queued_ms = self._queued_work * self.latency.predict(unit) / unit / len(self.backends)
         if self._served_ms_per_work is not None:
             queued_ms = max(queued_ms, self._queued_work * self._served_ms_per_work)
@@ -806,12 +806,17 @@ class Batcher:
 
         Only hard deadlines count: shrinking for a missed target would cut batches to one row
         exactly when load is highest, and throughput with them."""
-        while len(batch) > 1 and self.latency.n and min(r.deadline for r in batch) < math.inf:
-            work = sum(r.work for r in batch)
-            if start + self.latency.upper(work) / 1e3 <= min(r.deadline for r in batch):
-                break
+        while len(batch) > 1 and self.latency.n and not self._ends_in_time(batch, start):
             batch.pop()
         return batch
+
+    def _ends_in_time(self, batch: list[_Pending], start: float) -> bool:
+        """Whether the batch, started at `start`, is predicted (upper bound) to end within all
+        its deadlines; a batch with deadlines and no measured model is not."""
+        earliest = min(r.deadline for r in batch)
+        if earliest == math.inf:
+            return True
+        return self.latency.n > 0 and start + self.latency.upper(sum(r.work for r in batch)) / 1e3 <= earliest
 
     def _launch_standby(self, now: float) -> None:
         """Every instance is busy: give one whose batch is running its next batch now, if a full
@@ -834,11 +839,7 @@ class Batcher:
                 if not full:
                     continue
                 batch = self._shrink(batch, start)
-                earliest = min(r.deadline for r in batch)
-                if earliest < math.inf and (
-                    self.latency.n == 0
-                    or start + self.latency.upper(sum(r.work for r in batch)) / 1e3 > earliest
-                ):
+                if not self._ends_in_time(batch, start):
                     continue
                 if chosen is None or min(r.target for r in batch) < min(r.target for r in chosen):
                     chosen = batch

@@ -45,6 +45,10 @@ def v2_datatype(dtype: str) -> str:
     return NUMPY_TO_V2.get(dtype, dtype.upper())
 
 
+def _datatype_of(array: np.ndarray) -> str:
+    return _V2_OF_DTYPE.get(array.dtype) or v2_datatype(str(array.dtype))
+
+
 def v2_shape(shape: Sequence[int | str | None]) -> list[int]:
     """Dynamic dims are -1 in the protocol's metadata."""
     return [d if isinstance(d, int) else -1 for d in shape]
@@ -241,7 +245,7 @@ def encode_request(
         entry: dict[str, Any] = {
             "name": name,
             "shape": list(array.shape),
-            "datatype": _V2_OF_DTYPE.get(array.dtype) or v2_datatype(str(array.dtype)),
+            "datatype": _datatype_of(array),
         }
         if binary:
             raw = np.ascontiguousarray(array).tobytes()
@@ -277,7 +281,7 @@ def encode_response(
         entry: dict[str, Any] = {
             "name": name,
             "shape": list(array.shape),
-            "datatype": _V2_OF_DTYPE.get(array.dtype) or v2_datatype(str(array.dtype)),
+            "datatype": _datatype_of(array),
         }
         if as_binary:
             raw = np.ascontiguousarray(array).tobytes()
