@@ -98,6 +98,26 @@ class _Connection(asyncio.Protocol):
         self.load.lost(self)
 
 
+def http_request(
+    url: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[str, int, bytes]:
+    """Host, port and the bytes of one HTTP/1.1 request to them (a POST when it has a body)."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    method = "POST" if body else "GET"
+    head = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
+    head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return host, port, ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def binary_infer_request(feeds: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+    """Body and headers of a KServe v2 infer request for `feeds`, binary tensors both ways."""
+    from optimize.serve.protocol import HEADER_LENGTH, encode_request
+
+    body, head_len = encode_request(feeds, binary=True, binary_outputs=True)
+    return body, {HEADER_LENGTH: str(head_len), "Content-Type": "application/octet-stream"}
+
+
 class RawLoad:
     def __init__(
         self,
@@ -111,11 +131,7 @@ class RawLoad:
         self.timeout_s = timeout_s  # a request unanswered this long after its arrival is given up
         self._conns: set[_Connection] = set()
         self._tasks: set[asyncio.Future[None]] = set()
-        parts = urlsplit(url)
-        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        head = [f"POST {path} HTTP/1.1", f"Host: {self.host}:{self.port}", f"Content-Length: {len(body)}"]
-        head += [f"{k}: {v}" for k, v in headers.items()]
-        self.request = ("\r\n".join(head) + "\r\n\r\n").encode() + body
+        self.host, self.port, self.request = http_request(url, path, body, headers)
         self.max_connections = max_connections
         self._idle: list[_Connection] = []
         self._opening = 0
@@ -281,8 +297,5 @@ def infer_load(
     url: str, model: str, feeds: dict[str, np.ndarray], max_connections: int = 1024, timeout_s: float = 30.0
 ) -> RawLoad:
     """Binary KServe v2 infer requests for `feeds` to `url`."""
-    from optimize.serve.protocol import HEADER_LENGTH, encode_request
-
-    body, head_len = encode_request(feeds, binary=True, binary_outputs=True)
-    headers = {HEADER_LENGTH: str(head_len), "Content-Type": "application/octet-stream"}
+    body, headers = binary_infer_request(feeds)
     return RawLoad(url, f"/v2/models/{model}/infer", body, headers, max_connections, timeout_s)

@@ -34,6 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.raw_load import binary_infer_request, http_request  # noqa: E402
 from optimize.inputs import parse_shape_args, resolve_inputs  # noqa: E402
 from optimize.runtimes import open_backend  # noqa: E402
 from optimize.serve.batcher import Batcher, BatcherConfig  # noqa: E402
@@ -132,16 +133,10 @@ class RawHttpClient:
 
     def __init__(self, url: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
         import socket
-        from urllib.parse import urlsplit
 
-        parts = urlsplit(url)
-        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        host, port, self.request = http_request(url, path, body, headers)
         self.sock = socket.create_connection((host, port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        method = "POST" if body else "GET"
-        head = [f"{method} {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
-        head += [f"{k}: {v}" for k, v in (headers or {}).items()]
-        self.request = ("\r\n".join(head) + "\r\n\r\n").encode() + body
         self._buffer = b""
 
     def roundtrip_ms(self) -> float:
@@ -174,10 +169,7 @@ class RawHttpClient:
 
 
 def raw_infer_client(url: str, model: str, feeds: dict[str, np.ndarray]) -> RawHttpClient:
-    from optimize.serve.protocol import HEADER_LENGTH, encode_request
-
-    body, head_len = encode_request(feeds, binary=True, binary_outputs=True)
-    headers = {HEADER_LENGTH: str(head_len), "Content-Type": "application/octet-stream"}
+    body, headers = binary_infer_request(feeds)
     return RawHttpClient(url, f"/v2/models/{model}/infer", body, headers)
 
 
