@@ -10,7 +10,7 @@ import asyncio
 import random
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,15 @@ LONG = 60_000.0  # ms: a timer or deadline that a test must never reach
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout=60))
+
+
+async def raised(awaitable: Awaitable[Any], kind: type[BaseException]) -> BaseException | None:
+    """The `kind` exception that `awaitable` raises, or None when it returns."""
+    try:
+        await awaitable
+    except kind as exc:
+        return exc
+    return None
 
 
 def x(rows: int, start: float = 0.0) -> dict[str, np.ndarray]:
@@ -195,11 +204,7 @@ def test_request_that_cannot_meet_its_deadline_gets_a_timeout_and_never_runs() -
         await batcher.start()
         first = asyncio.ensure_future(batcher.submit(x(1)))
         await asyncio.sleep(0.05)  # first is now in flight, blocked on the gate
-        late: BaseException | None = None
-        try:
-            await batcher.submit(x(2, 100), deadline_ms=30)
-        except DeadlineExceeded as exc:
-            late = exc
+        late = await raised(batcher.submit(x(2, 100), deadline_ms=30), DeadlineExceeded)
         gate.set()
         result = await first
         await batcher.drain()
@@ -219,11 +224,8 @@ def test_a_lone_request_skips_the_queue_but_keeps_its_deadline_and_exact_results
         batcher = Batcher([backend], BatcherConfig(max_batch=8, max_wait_ms=0, target_latency_ms=LONG))
         await batcher.start()
         results = [await batcher.submit(x(r, 10 * r), alone=True) for r in (1, 3, 2)]
-        late: BaseException | None = None
-        try:  # the model is known to take 20 ms: a 5 ms deadline cannot be met, even alone
-            await batcher.submit(x(1), deadline_ms=5, alone=True)
-        except DeadlineExceeded as exc:
-            late = exc
+        # The model is known to take 20 ms: a 5 ms deadline cannot be met, even alone.
+        late = await raised(batcher.submit(x(1), deadline_ms=5, alone=True), DeadlineExceeded)
         queued = batcher.queued_rows
         await asyncio.wait_for(batcher.drain(), 5)  # nothing left behind in the queue
         return results, late, queued
@@ -249,12 +251,9 @@ def test_a_deadline_that_the_queue_ahead_would_break_is_refused_at_once() -> Non
         gate.clear()
         held = [asyncio.ensure_future(batcher.submit(x(1, 10 * i))) for i in range(4)]
         await asyncio.sleep(0.05)  # one runs (held at the gate), three wait: ~80 ms ahead
-        refused: BaseException | None = None
         t0 = time.monotonic()
-        try:  # 50 ms would do alone, not behind the queue
-            await batcher.submit(x(1, 99), deadline_ms=50)
-        except Overloaded as exc:
-            refused = exc
+        # 50 ms would do alone, not behind the queue.
+        refused = await raised(batcher.submit(x(1, 99), deadline_ms=50), Overloaded)
         waited = time.monotonic() - t0
         patient = asyncio.ensure_future(batcher.submit(x(1, 7), deadline_ms=LONG))
         gate.set()
@@ -484,11 +483,7 @@ def test_a_full_batch_with_deadlines_goes_on_standby_only_when_predicted_to_meet
         await asyncio.sleep(0)  # roomy is submitted, predicted to start when the running one ends
         seen = [batcher.inflight_batches, batcher.queued_rows]
         # 15 ms is enough alone, not behind the 10 ms standby batch: refused at once.
-        tight: BaseException | None = None
-        try:
-            await batcher.submit(x(1, 3), deadline_ms=15)
-        except Overloaded as exc:
-            tight = exc
+        tight = await raised(batcher.submit(x(1, 3), deadline_ms=15), Overloaded)
         gate.set()
         results = await asyncio.gather(running, roomy)
         await batcher.drain()
