@@ -2,7 +2,9 @@
 
 batcher.py   deadline-aware dynamic batching over backend instances (one thread each)
 protocol.py  the Open Inference Protocol codec (JSON and binary tensors)
-server.py    the HTTP server (aiohttp), metrics, Server-Timing, drain on SIGTERM
+server.py    the KServe v2 endpoints, admission, metrics, Server-Timing, drain on SIGTERM
+http.py      the HTTP/1.1 layer under it (asyncio Protocol + httptools' parser)
+polling.py   --busy-poll-us: poll before the idle loop sleeps
 loadgen.py   open/closed-loop load, latency breakdown, SLO verdict, max-QPS search
 loading.py   artifact or ONNX file -> backend instances
 app.py       what the two commands do, behind their flags

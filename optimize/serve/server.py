@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -18,13 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
+import orjson
 
 from optimize import __version__
 from optimize.errors import InputError, first_line
 from optimize.serve.batcher import Batcher, BatchStats, DeadlineExceeded, ModelFailure, Overloaded
+from optimize.serve.http import HttpApplication, HttpRequest, HttpResponse, HttpServer
 from optimize.serve.polling import PollingSelector
 from optimize.serve.protocol import (
     HEADER_LENGTH,
@@ -140,14 +140,18 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> HttpResponse:
+    return HttpResponse(status, orjson.dumps(obj), "application/json", headers)
 
 
-def _shed(message: str, retry_after_s: int) -> web.Response:
-    """503 before the body is read. The connection stays open: aiohttp then reads the body
-    in chunks and drops them (nothing is kept), which costs less than the client opening a
-    new connection for every retry, and a client still sending sees the 503 at once."""
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> HttpResponse:
+    return _json({"error": message}, status, headers)
+
+
+def _shed(message: str, retry_after_s: int) -> HttpResponse:
+    """503 before the body is read. The connection stays open and the body is dropped as it
+    arrives (nothing is kept), which costs less than the client opening a new connection for
+    every retry, and a client still sending sees the 503 at once."""
     return _error(503, message, {"Retry-After": str(retry_after_s)})
 
 
@@ -172,12 +176,36 @@ def _server_timing(phases: dict[str, float], batch_rows: int) -> str:
     return ", ".join(parts)
 
 
-class InferenceServer:
-    """The aiohttp application around one model's batcher."""
+# Routes: (pattern, method, handler name). GET routes answer HEAD too.
+_MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
+_ROUTES: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
+    (re.compile(pattern), method, handler)
+    for pattern, method, handler in (
+        (r"/v2/health/live", "GET", "live"),
+        (r"/v2/health/ready", "GET", "server_ready"),
+        (r"/v2", "GET", "server_metadata"),
+        (_MODEL, "GET", "model_metadata"),
+        (_MODEL + "/ready", "GET", "model_ready"),
+        (_MODEL + "/infer", "POST", "infer"),
+        (r"/metrics", "GET", "metrics_handler"),
+    )
+)
+
+
+@dataclass(slots=True)
+class _Route:
+    handler: str
+    params: dict[str, str]
+
+
+class InferenceServer(HttpApplication):
+    """The KServe v2 endpoints around one model's batcher, on `optimize/serve/http.py`."""
 
     def __init__(self, batcher: Batcher, config: ServerConfig) -> None:
         self.batcher = batcher
         self.config = config
+        self.max_body_bytes = config.max_body_bytes
+        self.read_timeout_s = config.read_timeout_s
         self.metrics = Metrics(batcher)
         batcher.on_batch = self.metrics.on_batch
         self.ready = False
@@ -188,64 +216,115 @@ class InferenceServer:
     def close(self) -> None:
         self._decoder.shutdown(wait=False)
 
-    @web.middleware
-    async def _errors_as_json(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        """Every answer is a JSON body, as tritonclient expects; no exception reaches aiohttp
-        (which would log a traceback and answer text): it becomes a counted, logged 500."""
-        try:
-            return await handler(request)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            if exc.status == 404:
-                self._count("not_found")
-            message = f"{exc.reason}: {request.method} {request.path}"
-            return _error(exc.status, message, {k: v for k, v in exc.headers.items() if k == "Allow"})
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._count("error")
-            log.error("internal error on %s %s: %s", request.method, request.path, first_line(exc))
-            return _error(500, f"internal error: {first_line(exc)}")
+    # ---------------------------------------------------------------- HttpApplication
+    def error_response(
+        self, status: int, message: str, headers: dict[str, str] | None = None
+    ) -> HttpResponse:
+        return _error(status, message)
 
-    def app(self) -> web.Application:
-        # client_max_size makes aiohttp refuse larger bodies while reading them (413).
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._errors_as_json])
-        model = "/v2/models/{model}"
-        app.router.add_get("/v2/health/live", self.live)
-        app.router.add_get("/v2/health/ready", self.server_ready)
-        app.router.add_get("/v2", self.server_metadata)
-        app.router.add_get(model, self.model_metadata)
-        app.router.add_get(model + "/versions/{version}", self.model_metadata)
-        app.router.add_get(model + "/ready", self.model_ready)
-        app.router.add_get(model + "/versions/{version}/ready", self.model_ready)
-        app.router.add_post(model + "/infer", self.infer)
-        app.router.add_post(model + "/versions/{version}/infer", self.infer)
-        app.router.add_get("/metrics", self.metrics_handler)
-        return app
+    def count(self, outcome: str) -> None:
+        self.metrics.requests.labels(outcome).inc()
+
+    def admit(self, request: HttpRequest) -> HttpResponse | None:
+        """Admission control before the body is read, for infer requests: bounded requests and
+        bytes in flight; what is admitted is reserved until its answer is sent."""
+        route = self._route(request)
+        if not isinstance(route, _Route) or route.handler != "infer":
+            return None  # answered when whole (404, 405 and the small GETs)
+        if (err := self._model_error(route)) is not None:
+            self.count("not_found")
+            return err
+        if not self.batcher.accepting:
+            self.count("overloaded")
+            return _shed("the server is shutting down", 1)
+        # A chunked body of unknown length may grow to the body limit: reserve that much.
+        size = request.content_length if request.content_length is not None else self.config.max_body_bytes
+        if self.inflight >= self.config.max_inflight:
+            self.count("overloaded")
+            return _shed(
+                f"overloaded: {self.inflight} requests in flight (limit {self.config.max_inflight})",
+                self.batcher.retry_after_s(),
+            )
+        if self.inflight and self.inflight_bytes + size > self.config.max_inflight_bytes:
+            self.count("overloaded")
+            return _shed(
+                f"overloaded: {self.inflight_bytes} body bytes in flight "
+                f"(limit {self.config.max_inflight_bytes})",
+                self.batcher.retry_after_s(),
+            )
+        self.inflight += 1
+        self.inflight_bytes += size
+
+        def release() -> None:
+            self.inflight -= 1
+            self.inflight_bytes -= size
+
+        request.on_end = release
+        return None
+
+    def handle(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
+        route = self._route(request)
+        if isinstance(route, HttpResponse):
+            return route
+        try:
+            if route.handler == "infer":
+                return self._infer_answered(request, route)
+            return getattr(self, route.handler)(route)
+        except Exception as exc:
+            return self._internal_error(request, exc)
+
+    # ---------------------------------------------------------------- routing
+    def _route(self, request: HttpRequest) -> _Route | HttpResponse:
+        """The request's endpoint, or its 404/405 answer; found once, on the headers."""
+        if isinstance(request.context, (_Route, HttpResponse)):
+            return request.context
+        method = "GET" if request.method == "HEAD" else request.method
+        allowed = []
+        found: _Route | HttpResponse | None = None
+        for pattern, route_method, handler in _ROUTES:
+            match = pattern.fullmatch(request.path)
+            if match is None:
+                continue
+            if route_method == method:
+                found = _Route(handler, {k: v for k, v in match.groupdict().items() if v is not None})
+                break
+            allowed.append(route_method)
+        if found is None and allowed:
+            allow = ", ".join(sorted({*allowed, *(["HEAD"] if "GET" in allowed else [])}))
+            found = _error(405, f"Method Not Allowed: {request.method} {request.path}", {"Allow": allow})
+        elif found is None:
+            self.count("not_found")
+            found = _error(404, f"Not Found: {request.method} {request.path}")
+        request.context = found
+        return found
+
+    def _internal_error(self, request: HttpRequest, exc: Exception) -> HttpResponse:
+        """No exception reaches the HTTP layer: it becomes a counted, logged, JSON 500."""
+        self.count("error")
+        log.error("internal error on %s %s: %s", request.method, request.path, first_line(exc))
+        return _error(500, f"internal error: {first_line(exc)}")
 
     def _is_ready(self) -> bool:
         return self.ready and self.batcher.accepting
 
-    def _model_error(self, request: web.Request) -> web.Response | None:
-        name = request.match_info["model"]
-        version = request.match_info.get("version")
+    def _model_error(self, route: _Route) -> HttpResponse | None:
+        name = route.params["model"]
+        version = route.params.get("version")
         if name != self.config.model_name or (version is not None and version != self.config.model_version):
             label = name if version is None else f"{name} version {version}"
             return _error(404, f"unknown model {label!r}; this server serves {self.config.model_name!r}")
         return None
 
-    async def live(self, request: web.Request) -> web.Response:
-        return web.json_response({"live": True})
+    # ---------------------------------------------------------------- endpoints
+    def live(self, route: _Route) -> HttpResponse:
+        return _json({"live": True})
 
-    async def server_ready(self, request: web.Request) -> web.Response:
+    def server_ready(self, route: _Route) -> HttpResponse:
         ready = self._is_ready()
-        return web.json_response({"ready": ready}, status=200 if ready else 503)
+        return _json({"ready": ready}, 200 if ready else 503)
 
-    async def server_metadata(self, request: web.Request) -> web.Response:
-        return web.json_response(
+    def server_metadata(self, route: _Route) -> HttpResponse:
+        return _json(
             {
                 "name": "lto",
                 "version": __version__,
@@ -255,11 +334,11 @@ class InferenceServer:
             }
         )
 
-    async def model_metadata(self, request: web.Request) -> web.Response:
-        if (err := self._model_error(request)) is not None:
+    def model_metadata(self, route: _Route) -> HttpResponse:
+        if (err := self._model_error(route)) is not None:
             return err
         sig = self.batcher.signature
-        return web.json_response(
+        return _json(
             {
                 "name": self.config.model_name,
                 "versions": [self.config.model_version],
@@ -281,99 +360,16 @@ class InferenceServer:
             }
         )
 
-    async def model_ready(self, request: web.Request) -> web.Response:
-        if (err := self._model_error(request)) is not None:
+    def model_ready(self, route: _Route) -> HttpResponse:
+        if (err := self._model_error(route)) is not None:
             return err
         ready = self._is_ready()
-        return web.json_response(
-            {"name": self.config.model_name, "ready": ready}, status=200 if ready else 503
-        )
+        return _json({"name": self.config.model_name, "ready": ready}, 200 if ready else 503)
 
-    async def metrics_handler(self, request: web.Request) -> web.Response:
+    def metrics_handler(self, route: _Route) -> HttpResponse:
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    def _count(self, outcome: str) -> None:
-        self.metrics.requests.labels(outcome).inc()
-
-    def _admit(self, request: web.Request) -> web.Response | None:
-        """Admission control before the body is read: bounded requests and bytes in flight."""
-        limit = self.config.max_body_bytes
-        length = request.content_length
-        if length is not None and length > limit:
-            self._count("too_large")
-            response = _error(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")
-            response.force_close()
-            return response
-        if not self.batcher.accepting:
-            self._count("overloaded")
-            return _shed("the server is shutting down", 1)
-        # A chunked body of unknown length may grow to the body limit: reserve that much.
-        size = length if length is not None else limit
-        if self.inflight >= self.config.max_inflight:
-            self._count("overloaded")
-            return _shed(
-                f"overloaded: {self.inflight} requests in flight (limit {self.config.max_inflight})",
-                self.batcher.retry_after_s(),
-            )
-        if self.inflight and self.inflight_bytes + size > self.config.max_inflight_bytes:
-            self._count("overloaded")
-            return _shed(
-                f"overloaded: {self.inflight_bytes} body bytes in flight "
-                f"(limit {self.config.max_inflight_bytes})",
-                self.batcher.retry_after_s(),
-            )
-        return None
-
-    async def infer(self, request: web.Request) -> web.StreamResponse:
-        if (err := self._model_error(request)) is not None:
-            self._count("not_found")
-            return err
-        if (refused := self._admit(request)) is not None:
-            return refused
-        size = request.content_length if request.content_length is not None else self.config.max_body_bytes
-        self.inflight += 1
-        self.inflight_bytes += size
-        try:
-            return await self._infer(request)
-        except asyncio.CancelledError:
-            # The client hung up (aiohttp cancels its handler): nobody to answer; a queued
-            # request leaves the batcher's queue. A count, not a traceback.
-            self._count("disconnected")
-            raise
-        finally:
-            self.inflight -= 1
-            self.inflight_bytes -= size
-
-    async def _read_body(self, request: web.Request) -> bytes | web.StreamResponse:
-        limit = self.config.max_body_bytes
-        try:
-            if request.content.is_eof():  # the whole body has arrived: no timer to arm
-                return await request.read()
-            return await asyncio.wait_for(request.read(), self.config.read_timeout_s)
-        except web.HTTPRequestEntityTooLarge:
-            self._count("too_large")
-            response = _error(413, f"request body exceeds the limit of {limit} bytes")
-            response.force_close()
-            return response
-        except (TimeoutError, asyncio.TimeoutError):  # one class from 3.11, two before
-            self._count("read_timeout")
-            response = _error(408, f"the request body did not arrive within {self.config.read_timeout_s:g} s")
-            response.force_close()
-            # Send it and close now: aiohttp would otherwise linger, waiting for the rest.
-            await response.prepare(request)
-            await response.write_eof()
-            if request.transport is not None:
-                request.transport.close()
-            return response
-        except (ConnectionError, aiohttp.ClientPayloadError, HttpProcessingError) as exc:
-            # The client went away mid-body: nobody to answer, nothing to log but a count.
-            self._count("disconnected")
-            log.debug("client disconnected while sending the body: %s", first_line(exc))
-            response = web.Response(status=499)
-            response.force_close()
-            return response
+        return HttpResponse(200, self.metrics.render(), CONTENT_TYPE_LATEST)
 
     def _decode(self, body: bytes, header_length: int | None) -> InferRequest:
         sig = self.batcher.signature
@@ -389,14 +385,24 @@ class InferenceServer:
             return 0 if parsed.binary_default else sum(int(v.size) for v in outputs.values())
         return sum(int(outputs[name].size) for name, binary in parsed.outputs.items() if not binary)
 
-    async def _infer(self, request: web.Request) -> web.StreamResponse:
-        t0 = time.monotonic()
-        body = await self._read_body(request)
-        if not isinstance(body, bytes):
-            return body
-        t_read = time.monotonic()
+    async def _infer_answered(self, request: HttpRequest, route: _Route) -> HttpResponse:
         try:
-            header = request.headers.get(HEADER_LENGTH)
+            return await self._infer(request)
+        except asyncio.CancelledError:
+            # The client hung up: nobody to answer; a queued request leaves the batcher's
+            # queue. A count, not a traceback.
+            self.count("disconnected")
+            raise
+        except Exception as exc:
+            return self._internal_error(request, exc)
+
+    async def _infer(self, request: HttpRequest) -> HttpResponse:
+        t0 = request.arrived
+        t_read = request.body_done
+        body = request.body
+        request.body = b""
+        try:
+            header = request.header(HEADER_LENGTH.lower())
             try:
                 header_length = int(header) if header is not None else None
             except ValueError:
@@ -409,7 +415,7 @@ class InferenceServer:
             else:
                 parsed = self._decode(body, header_length)
         except InputError as exc:
-            self._count("bad_request")
+            self.count("bad_request")
             return _error(400, exc.one_line())
         del body
         t_decoded = time.monotonic()
@@ -421,10 +427,10 @@ class InferenceServer:
                 parsed.feeds, parsed.deadline_ms, arrived=t_decoded, alone=alone
             )
         except Overloaded as exc:
-            self._count("overloaded")
+            self.count("overloaded")
             return _error(503, exc.message, {"Retry-After": str(exc.retry_after_s)})
         except DeadlineExceeded as exc:
-            self._count("timeout")
+            self.count("timeout")
             return _error(
                 504,
                 f"deadline of {parsed.deadline_ms or self.batcher.config.queue_timeout_ms:g} ms missed: "
@@ -432,7 +438,7 @@ class InferenceServer:
                 f"queue {exc.queue_ms:.1f} ms, and the model needs {exc.needs_ms:.1f} ms",
             )
         except ModelFailure as exc:
-            self._count("error")
+            self.count("error")
             return _error(500, exc.message)
         t_result = time.monotonic()
         encode_args = (
@@ -464,23 +470,23 @@ class InferenceServer:
             content_type = "application/octet-stream"
         else:
             content_type = "application/json"
-        self._count("ok")
+        self.count("ok")
         self.metrics.latency.observe(t_done - t0)
         self.metrics.queue_wait.observe(result.queue_ms / 1e3)
-        return web.Response(body=payload, headers=headers, content_type=content_type)
+        return HttpResponse(200, payload, content_type, headers)
 
 
 @dataclass
 class RunningServer:
     server: InferenceServer
-    runner: web.AppRunner
+    http: HttpServer
     url: str
 
     async def stop(self) -> None:
         """Drain: refuse new work (503), answer everything accepted, then close the socket."""
         self.server.ready = False
         await self.server.batcher.drain()
-        await self.runner.cleanup()
+        await self.http.stop(timeout_s=30.0)
         self.server.close()
 
 
@@ -496,15 +502,10 @@ async def start_server(
     server = InferenceServer(batcher, config)
     if poller is not None:
         poller.may_poll = lambda: server.inflight == 0 and batcher.inflight_batches == 0
-    # handler_cancellation: a client that hangs up takes its request out of the queue.
-    runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=30.0, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
-    addresses = runner.addresses  # the real port when port 0 was asked for
-    port = addresses[0][1] if addresses else config.port
+    http_server = HttpServer(server)
+    port = await http_server.start(config.host, config.port)
     server.ready = True
-    return RunningServer(server, runner, f"http://{config.host}:{port}")
+    return RunningServer(server, http_server, f"http://{config.host}:{port}")
 
 
 async def serve_until_signal(

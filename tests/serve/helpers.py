@@ -105,3 +105,37 @@ def make_token_model(path: Path, vocab: int = 50, hidden: int = 8, seed: int = 0
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+class LocalClient:
+    """An aiohttp session bound to a server running in this process on 127.0.0.1 (the real
+    socket and HTTP layer, as clients see them); `get`/`post`/`request` take paths."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server  # an InferenceServer
+        self.running: Any = None
+        self.session: Any = None
+        self.port = 0
+
+    async def start(self) -> LocalClient:
+        import aiohttp
+
+        from optimize.serve.http import HttpServer
+
+        self.http = HttpServer(self.server)
+        self.port = await self.http.start("127.0.0.1", 0)
+        self.session = aiohttp.ClientSession(f"http://127.0.0.1:{self.port}")
+        return self
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        return await self.session.request(method, path, **kwargs)
+
+    async def get(self, path: str, **kwargs: Any) -> Any:
+        return await self.request("GET", path, **kwargs)
+
+    async def post(self, path: str, **kwargs: Any) -> Any:
+        return await self.request("POST", path, **kwargs)
+
+    async def close(self) -> None:
+        await self.session.close()
+        await self.http.stop(timeout_s=5.0)

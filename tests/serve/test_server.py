@@ -26,7 +26,7 @@ from optimize.serve.protocol import HEADER_LENGTH, decode_response, encode_reque
 from optimize.serve.server import InferenceServer, ServerConfig
 from tests.cli_helpers import ROOT
 from tests.conftest import make_matmul_model
-from tests.serve.helpers import SleepBackend
+from tests.serve.helpers import LocalClient, SleepBackend
 
 LONG = 60_000.0
 
@@ -38,15 +38,13 @@ def with_client(
     max_body: int = 1 << 20,
 ) -> Any:
     """Run `body(client, batcher)` against an in-process server on a free port."""
-    from aiohttp.test_utils import TestClient, TestServer
 
     async def main() -> Any:
         batcher = Batcher(backends, config or BatcherConfig(max_wait_ms=1, target_latency_ms=LONG))
         await batcher.start()
         server = InferenceServer(batcher, ServerConfig(model_name="m", max_body_bytes=max_body))
         server.ready = True
-        client = TestClient(TestServer(server.app()))
-        await client.start_server()
+        client = await LocalClient(server).start()
         try:
             return await body(client, batcher)
         finally:

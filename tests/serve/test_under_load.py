@@ -23,7 +23,7 @@ from optimize.serve.batcher import Batcher, BatcherConfig
 from optimize.serve.loading import input_limits
 from optimize.serve.server import InferenceServer, ServerConfig
 from tests.cli_helpers import ROOT, run_lto
-from tests.serve.helpers import SleepBackend
+from tests.serve.helpers import LocalClient, SleepBackend
 from tests.serve.test_server import _start_serve, infer_json
 
 LONG = 60_000.0
@@ -38,7 +38,6 @@ def serve(
     limits_of: Path | None = None,
 ) -> Any:
     """Run `body(client, batcher, server)` against a server on a free port of 127.0.0.1."""
-    from aiohttp.test_utils import TestClient, TestServer
 
     async def main() -> Any:
         batcher = Batcher(backends, config or BatcherConfig(max_wait_ms=1, target_latency_ms=LONG))
@@ -48,8 +47,7 @@ def serve(
         await batcher.start()
         server = InferenceServer(batcher, server_config or ServerConfig(model_name="m"))
         server.ready = True
-        client = TestClient(TestServer(server.app(), host="127.0.0.1"))
-        await client.start_server()
+        client = await LocalClient(server).start()
         try:
             return await body(client, batcher, server)
         finally:
