@@ -217,9 +217,7 @@ class InferenceServer(HttpApplication):
         self._decoder.shutdown(wait=False)
 
     # ---------------------------------------------------------------- HttpApplication
-    def error_response(
-        self, status: int, message: str, headers: dict[str, str] | None = None
-    ) -> HttpResponse:
+    def error_response(self, status: int, message: str) -> HttpResponse:
         return _error(status, message)
 
     def count(self, outcome: str) -> None:
@@ -268,7 +266,7 @@ class InferenceServer(HttpApplication):
             return route
         try:
             if route.handler == "infer":
-                return self._infer_answered(request, route)
+                return self._infer_answered(request)
             return getattr(self, route.handler)(route)
         except Exception as exc:
             return self._internal_error(request, exc)
@@ -385,7 +383,7 @@ class InferenceServer(HttpApplication):
             return 0 if parsed.binary_default else sum(int(v.size) for v in outputs.values())
         return sum(int(outputs[name].size) for name, binary in parsed.outputs.items() if not binary)
 
-    async def _infer_answered(self, request: HttpRequest, route: _Route) -> HttpResponse:
+    async def _infer_answered(self, request: HttpRequest) -> HttpResponse:
         try:
             return await self._infer(request)
         except asyncio.CancelledError:
