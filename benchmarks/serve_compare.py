@@ -384,11 +384,12 @@ def run_model(key: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
         print(
             f"   raw socket client, interleaved: model alone p50 {raw['model_alone_p50_ms']:.3f} ms "
             f"(after a 0.5 ms pause {raw['model_alone_paced_p50_ms']:.3f} ms); overhead over the "
-            "model alone (over the paused model):"
+            "model alone (over the paused model; over the model's own time in that server):"
         )
         for n, ms in raw["overhead_p50_ms"].items():
             print(
-                f"     {n}: {ms:.3f} ms ({raw['overhead_vs_paced_p50_ms'][n]:.3f}); "
+                f"     {n}: {ms:.3f} ms ({raw['overhead_vs_paced_p50_ms'][n]:.3f}; "
+                f"{raw['overhead_vs_model_in_server_p50_ms'][n]:.3f}); "
                 f"GET floor {raw['get_live_p50_ms'][n]:.3f} ms"
             )
         if args.only_overhead:
