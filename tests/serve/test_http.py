@@ -42,7 +42,26 @@ class EchoApp(HttpApplication):
             return HttpResponse(200, b'{"fast": true}')
         if request.path == "/slow":
             return self._slow(request)
+        if request.path == "/catch":
+            return self._catch()
+        if request.path == "/raise":
+            return self._raise()
         return HttpResponse(404, b'{"error": "not found"}')
+
+    async def _catch(self) -> HttpResponse:
+        """Waits on a future that fails, then on a bare yield, and answers what it caught."""
+        failing = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(0.01, failing.set_exception, ValueError("from the future"))
+        try:
+            await failing
+        except ValueError as exc:
+            await asyncio.sleep(0)
+            return HttpResponse(200, str(exc).encode())
+        return HttpResponse(200, b"not raised")
+
+    async def _raise(self) -> HttpResponse:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("handler bug")
 
     async def _slow(self, request: HttpRequest) -> HttpResponse:
         try:
@@ -116,6 +135,24 @@ def test_pipelined_requests_are_answered_in_order_even_when_the_first_is_slow() 
 
     run(app, body)
     assert app.held == 0
+
+
+def test_a_handler_that_waits_sees_its_futures_errors_and_its_own_become_a_500(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = EchoApp()
+
+    async def body(port: int) -> None:
+        answers = await exchange(port, post("/catch", b"") + post("/raise", b"") + GET_FAST, 3)
+        assert [(s, b) for s, _, b in answers][:2] == [
+            (200, b"from the future"),
+            (500, b'{"error": "internal error"}'),
+        ]
+        assert answers[2][0] == 200
+
+    run(app, body)
+    assert app.held == 0
+    assert any("handler bug" in r.getMessage() for r in caplog.records)
 
 
 def test_a_refusal_is_sent_before_the_body_and_the_connection_stays_usable() -> None:
