@@ -372,14 +372,14 @@ def run_model(key: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
             f"GET floor {low['http_get_live_p50_ms']:.3f} ms)"
         )
         # The same raw client against both HTTP servers, interleaved: what each server adds.
-        poll_proc, poll_url = start_server(
-            model, "--threads", "1", "--instances", "1", "--busy-poll-us", "300"
+        nopoll_proc, nopoll_url = start_server(
+            model, "--threads", "1", "--instances", "1", "--busy-poll-us", "0"
         )
         try:
-            urls = {"lto": lto_url, "lto --busy-poll-us 300": poll_url, "fastapi": fast_url}
+            urls = {"lto": lto_url, "lto --busy-poll-us 0": nopoll_url, "fastapi": fast_url}
             raw = raw_overhead(model, feeds, urls, args.rounds, args.per_round, ONE_THREAD)
         finally:
-            stop_server(poll_proc)
+            stop_server(nopoll_proc)
         low["raw_client_servers"] = raw
         print(
             f"   raw socket client, interleaved: model alone p50 {raw['model_alone_p50_ms']:.3f} ms "

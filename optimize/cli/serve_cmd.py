@@ -114,10 +114,10 @@ def serve(
         30.0, "--read-timeout-s", min=0.001, help="A body not received in this long: 408, closed."
     ),
     busy_poll_us: float = typer.Option(
-        0.0,
+        300.0,
         "--busy-poll-us",
         min=0.0,
-        help="When idle, poll this long before sleeping: less latency on VMs, CPU spent (e.g. 300).",
+        help="When idle, poll this long before sleeping, while that catches requests (0: never).",
     ),
     shape: list[str] = ShapeOption,
     validate: bool = typer.Option(

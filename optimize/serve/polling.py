@@ -5,6 +5,11 @@ hypervisor) when the next request arrives, and the model's first run after the p
 Measured on a 2-core Firecracker VM: the wake-up adds ~0.05 ms to a request, the pause ~0.04 ms to
 a 0.8 ms CNN run. Polling for a short while before sleeping catches a client that sends its next
 request soon after the last answer, as ONNX Runtime's spinning thread pool does for its own work.
+
+It polls only while that pays: every idle period tells whether the next event came within the
+window (whether the loop polled or slept), and a running hit rate below one half stops the
+polling until events come quickly again. A client that answers within the window gets the
+polling; one that sends every 10 ms costs no CPU (measured: 0.4 ms of CPU a request without this).
 """
 
 from __future__ import annotations
@@ -23,23 +28,38 @@ class PollingSelector(selectors.EpollSelector):
     polls, and a thread waiting for it could wait a whole switch interval (5 ms).
     """
 
+    # Weight of the latest idle period in the hit rate: about the last five count.
+    LEARNING_RATE = 0.2
+
     def __init__(self, poll_s: float) -> None:
         super().__init__()
         self.poll_s = poll_s
         self.may_poll: Callable[[], bool] = lambda: False
+        self.hit_rate = 1.0  # share of recent idle periods that an event ended within the window
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         if timeout == 0 or self.poll_s <= 0 or not self.may_poll():
             return super().select(timeout)
         window = self.poll_s if timeout is None else min(self.poll_s, timeout)
-        end = time.monotonic() + window
-        while True:
-            ready = super().select(0)
-            if ready or time.monotonic() >= end:
-                break
-        if ready:
-            return ready
-        return super().select(None if timeout is None else max(0.0, timeout - window))
+        start = time.monotonic()
+        if self.hit_rate >= 0.5:
+            end = start + window
+            while True:
+                ready = super().select(0)
+                if ready or time.monotonic() >= end:
+                    break
+            if ready:
+                self._learn(hit=True)
+                return ready
+            ready = super().select(None if timeout is None else max(0.0, timeout - window))
+        else:
+            ready = super().select(timeout)
+        # Slept: would a poll have caught it? (The wake-up adds to the wait; that errs to "no".)
+        self._learn(hit=bool(ready) and time.monotonic() - start <= window)
+        return ready
+
+    def _learn(self, hit: bool) -> None:
+        self.hit_rate += self.LEARNING_RATE * (float(hit) - self.hit_rate)
 
 
 def run(main: Callable[[PollingSelector | None], Awaitable[Any]], busy_poll_us: float) -> Any:

@@ -86,8 +86,9 @@ class ServerConfig:
     max_inflight_bytes: int = 256 * 1024 * 1024
     # A client that has not sent its whole body after this long is answered 408 and closed.
     read_timeout_s: float = 30.0
-    # Poll this long before the idle loop sleeps (optimize/serve/polling.py); 0: never.
-    busy_poll_us: float = 0.0
+    # Poll this long before the idle loop sleeps, while that catches requests
+    # (optimize/serve/polling.py); 0: never.
+    busy_poll_us: float = 300.0
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

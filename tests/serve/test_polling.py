@@ -48,6 +48,36 @@ def test_polling_catches_an_event_within_the_window_and_is_bounded_otherwise() -
         writer.close()
 
 
+def test_polling_stops_while_it_does_not_pay_and_resumes_when_events_come_quickly() -> None:
+    reader, writer = socket.socketpair()
+    selector = PollingSelector(poll_s=0.02)
+    selector.register(reader, 1)  # EVENT_READ
+    selector.may_poll = lambda: True
+    try:
+        # Each event comes 60 ms after the loop went idle: every 20 ms poll is wasted.
+        for _ in range(6):
+            threading.Timer(0.06, writer.send, args=(b"x",)).start()
+            assert selector.select(timeout=None)
+            reader.recv(1)
+        assert selector.hit_rate < 0.5
+        cpu0 = time.process_time()
+        threading.Timer(0.06, writer.send, args=(b"x",)).start()
+        assert selector.select(timeout=None)
+        reader.recv(1)
+        assert time.process_time() - cpu0 < 0.01  # slept: polling would have burnt 20 ms
+
+        # Events come at once again (sleeping, it still sees how soon): it polls again.
+        for _ in range(6):
+            writer.send(b"x")
+            assert selector.select(timeout=None)
+            reader.recv(1)
+        assert selector.hit_rate >= 0.5
+    finally:
+        selector.close()
+        reader.close()
+        writer.close()
+
+
 def test_a_polling_server_answers_correctly_and_drains_on_sigterm(tmp_path: Path) -> None:
     path = make_matmul_model(tmp_path / "tiny.onnx", features=16, out=4)
     proc, url = _start_serve(str(path), "--name", "tiny", "--busy-poll-us", "300")
