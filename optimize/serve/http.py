@@ -263,9 +263,8 @@ class _Connection(asyncio.Protocol):
             return
         try:
             refusal = self.app.admit(request)
-        except Exception as exc:  # the application's contract is not to raise; be safe anyway
-            log.error("internal error on %s %s: %s", request.method, request.path, exc)
-            refusal = self.app.error_response(500, "internal error")
+        except Exception as exc:
+            refusal = self._internal_error(request, exc)
         if refusal is not None:
             # The connection stays open and the body is dropped as it arrives: cheaper than a
             # new connection for every retry, and an `Expect: 100-continue` client sends none.
@@ -306,9 +305,8 @@ class _Connection(asyncio.Protocol):
         ex.body = []
         try:
             result = self.app.handle(request)
-        except Exception as exc:  # the application's contract is not to raise; be safe anyway
-            log.error("internal error on %s %s: %s", request.method, request.path, exc)
-            result = self.app.error_response(500, "internal error")
+        except Exception as exc:
+            result = self._internal_error(request, exc)
         if isinstance(result, HttpResponse):
             self._answer(ex, result)
         else:
@@ -322,9 +320,14 @@ class _Connection(asyncio.Protocol):
         try:
             response = await result
         except Exception as exc:
-            log.error("internal error on %s %s: %s", ex.request.method, ex.request.path, exc)
-            response = self.app.error_response(500, "internal error")
+            response = self._internal_error(ex.request, exc)
         self._answer(ex, response)
+
+    def _internal_error(self, request: HttpRequest, exc: Exception) -> HttpResponse:
+        """The application raised, which its contract forbids: a logged, counted JSON 500."""
+        log.error("internal error on %s %s: %s", request.method, request.path, exc)
+        self.app.count("error")
+        return self.app.error_response(500, "internal error")
 
     def _refuse(self, ex: _Exchange, response: HttpResponse, close: bool) -> None:
         ex.refused = True
