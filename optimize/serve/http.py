@@ -65,9 +65,6 @@ class HttpRequest:
     on_end: Callable[[], None] | None = None
     context: Any = None  # the application's, e.g. the route it found on the headers
 
-    def header(self, name: str) -> str | None:
-        return self.headers.get(name)
-
 
 class HttpApplication(abc.ABC):
     """What `HttpServer` calls; `handle` may return a response or an awaitable of one."""
@@ -296,7 +293,7 @@ class _Connection(asyncio.Protocol):
             return
         ex.complete = True
         if ex.refused:
-            if ex.response is not None and ex not in self.exchanges:
+            if ex not in self.exchanges:
                 ex.end()  # its answer already went out
             return
         request = ex.request

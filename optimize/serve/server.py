@@ -401,7 +401,7 @@ class InferenceServer(HttpApplication):
         body = request.body
         request.body = b""
         try:
-            header = request.header(HEADER_LENGTH.lower())
+            header = request.headers.get(HEADER_LENGTH.lower())
             try:
                 header_length = int(header) if header is not None else None
             except ValueError:
