@@ -177,17 +177,18 @@ def _server_timing(phases: dict[str, float], batch_rows: int) -> str:
     return ", ".join(parts)
 
 
-# Routes: (pattern, method, handler name). GET routes answer HEAD too.
+# Routes: (pattern, method, handler name), tried in order: infer, the hot one, first. GET
+# routes answer HEAD too.
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
 _ROUTES: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
     (re.compile(pattern), method, handler)
     for pattern, method, handler in (
+        (_MODEL + "/infer", "POST", "infer"),
         (r"/v2/health/live", "GET", "live"),
         (r"/v2/health/ready", "GET", "server_ready"),
         (r"/v2", "GET", "server_metadata"),
         (_MODEL, "GET", "model_metadata"),
         (_MODEL + "/ready", "GET", "model_ready"),
-        (_MODEL + "/infer", "POST", "infer"),
         (r"/metrics", "GET", "metrics_handler"),
     )
 )
