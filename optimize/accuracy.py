@@ -1,7 +1,9 @@
 """Does a candidate still give the baseline's answers? Per-output figures, task metrics, the verdict.
 
-Every candidate runs on the same accuracy samples as the baseline (at least 32 by default: the
-user's --eval-data or --input-data rows, else generated inputs; never the calibration samples).
+Every candidate runs on the same accuracy samples as the baseline: the user's real rows
+(--eval-data; else the part of --calib-data or --data held out from calibration; else --input-data),
+generated inputs only when the user gave none (optimize/pipeline/rows.py); never a row that also
+calibrated. Whether those rows can tell at all is optimize/evidence.py's question.
 For each output the worst case over all samples is reported and judged:
 
 - whole output: cosine of the flattened arrays, max_abs, and max_rel (max_abs over the largest
@@ -60,7 +62,7 @@ Outputs = Mapping[str, np.ndarray]
 SLICE_MAX_LEN = 256  # axes up to this long are sliced (channels, classes, fields), longer ones not
 SLICE_MIN_ELEMENTS = 64  # fewer elements per sample in a slice: its cosine is pooled over samples
 NEGLIGIBLE_SLICE = 1e-4  # a slice whose max |reference| is below this share of the output's is skipped
-FEW_SAMPLES = 32  # below this many samples the report says the figures are weak
+FEW_SAMPLES = 16  # below this many samples the report says the figures are weak
 
 
 @dataclass
@@ -72,6 +74,9 @@ class AccuracyResult:
     per_output: dict[str, dict[str, Any]]
     user_metric: dict[str, Any] | None = None  # {"name", "score", "ok"} of --metric
     samples: int = 0
+    # Why these rows cannot verify the candidate (pipeline/judge.weigh_evidence): a reduced or
+    # quantized candidate judged on rows whose metrics cannot tell. It may be measured, never shipped.
+    unverified: str = ""
 
     def attempt_summary(self) -> dict[str, Any]:
         """The short record a searching stage keeps of one gate check: ok, worst cosine, reason."""
@@ -81,6 +86,8 @@ class AccuracyResult:
             summary["worst_cosine"] = round(float(worst), 6)
         if self.reason:
             summary["reason"] = self.reason
+        if self.unverified:
+            summary["unverified"] = self.unverified
         return summary
 
 
@@ -643,6 +650,8 @@ def accuracy_json(result: AccuracyResult) -> dict[str, Any]:
         out["samples"] = result.samples
     if result.user_metric is not None:
         out["user_metric"] = _clean(result.user_metric)
+    if result.unverified:
+        out["unverified"] = result.unverified
     return out
 
 

@@ -47,9 +47,11 @@ def optimize_model(
 
     `options` are `lto optimize`'s flags as keywords: target_percentile ("p99"), recipe,
     quantize, calib_data, shapes ({"input_ids": (1, 128)} or ["input_ids=1x128"]), input_data,
+    eval_data, data (a folder of images, a text file, wav files) with preprocess and tokenizer,
     batch, force, time_budget ("10m" or seconds), stop_at_target, enable, disable, tvm_options,
     seed. `output` defaults to reports/<model>-<time>/. The result has `artifact_dir`, `verdict`,
-    `exit_code` (0 target met, 3 missed), `records` (one per stage) and the full `report`.
+    `exit_code` (0 target met, 3 missed, 4 faster candidates left unverified), `records` (one per
+    stage) and the full `report`.
 
     Example::
 
@@ -79,7 +81,7 @@ def optimize_model(
         options["time_budget_s"] = parse_duration(time_budget, "time_budget")
     if "target_percentile" in options:
         options["target_percentile"] = parse_percentile_key(options["target_percentile"], "target_percentile")
-    for key in ("calib_data", "input_data"):
+    for key in ("calib_data", "input_data", "eval_data", "data", "tokenizer"):
         if options.get(key) is not None:
             options[key] = Path(options[key])
     request = OptimizeRequest(

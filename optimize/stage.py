@@ -42,7 +42,8 @@ class StageContext:
     # A live one-line status for long work (tuning progress); replaces the previous line.
     status: Callable[[str], None] | None = None
     # What the pipeline decided about each candidate this stage yielded so far, by label:
-    # "kept", "slower" (accurate, not faster than the best), "inaccurate" or "failed". A stage
+    # "kept", "slower" (accurate, not faster than the best), "unverified" (faster, but the rows
+    # could not verify a reduced or quantized candidate), "inaccurate" or "failed". A stage
     # that yields candidates one at a time (a search) reads it to prune what cannot win.
     outcomes: dict[str, str] = field(default_factory=dict)
     # Records a point of a search the pipeline will not measure as a row of the report:

@@ -65,7 +65,7 @@ def batch_first(array: np.ndarray, batch_axis: int | None) -> np.ndarray:
     return np.moveaxis(array, batch_axis, 0) if batch_axis else array
 
 
-def _rows_are_distributions(rows: np.ndarray) -> str:
+def distribution_kind(rows: np.ndarray) -> str:
     """ "softmax" or "log-softmax" when every row along the last axis is a probability
     distribution (or its log), else ""."""
     if rows.size == 0 or not np.all(np.isfinite(rows)):
@@ -102,7 +102,7 @@ def detection_layout(name: str, arrays: Sequence[np.ndarray]) -> tuple[bool, boo
         scores, boxes = stacked[:, 4:], stacked[:, :4]
         if scores.min() < 0 or scores.max() > 1 or boxes[:, 2:4].min() < 0:
             continue
-        if _rows_are_distributions(stacked):
+        if distribution_kind(stacked):
             continue
         if np.abs(boxes).max() <= 1.0 and not any(h in lowered for h in _DETECTION_HINTS):
             continue
@@ -141,7 +141,7 @@ def choose_metric(name: str, samples: Sequence[np.ndarray], batch_axis: int | No
             return MetricChoice(
                 "detection", why, batch_axis=batch_axis, fields_last=fields_last, objectness=objectness
             )
-        kind = _rows_are_distributions(np.concatenate([a.reshape(-1, core[-1]) for a in arrays]))
+        kind = distribution_kind(np.concatenate([a.reshape(-1, core[-1]) for a in arrays]))
         if kind:
             why = f"[batch, time, {core[-1]}] whose rows are {kind} distributions over classes"
             return MetricChoice("ctc", why, batch_axis=batch_axis)
@@ -373,6 +373,8 @@ __all__ = [
     "detection_agreement",
     "detection_counts",
     "detection_layout",
+    "detections",
+    "distribution_kind",
     "greedy_decode",
     "match_detections",
     "override_choice",

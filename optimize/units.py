@@ -10,7 +10,7 @@ Kept free of heavy imports: the CLI builds its options from these parsers at imp
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from optimize.errors import UsageError
 
@@ -115,3 +115,18 @@ def percentile_key_parser(option: str, extra: Iterable[str] = ()) -> Callable[[s
             raise UsageError(exc.message, f"{exc.hint}, or {' or '.join(names.values())}") from None
 
     return parse
+
+
+def index_ranges(indices: Sequence[int]) -> str:
+    """0, 1, 2, 5, 7, 8 -> "0-2, 5, 7-8"."""
+    out: list[str] = []
+    items = sorted(indices)
+    start = prev = None
+    for i in [*items, None]:
+        if i is not None and prev is not None and i == prev + 1:
+            prev = i
+            continue
+        if start is not None:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        start = prev = i
+    return ", ".join(out)

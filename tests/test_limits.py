@@ -263,7 +263,7 @@ def test_calib_data_without_rows_is_refused_before_work(tmp_path: Path) -> None:
 
 
 def test_nan_calib_data_warns_naming_the_input(tmp_path: Path) -> None:
-    calib = np.ones((8, 256), dtype=np.float32)
+    calib = np.random.default_rng(0).standard_normal((16, 256)).astype(np.float32)
     calib[2, 1] = np.nan
     data = tmp_path / "calib.npz"
     np.savez(data, features=calib)

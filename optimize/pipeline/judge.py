@@ -8,8 +8,11 @@ the original back, and whether the target is met. Nothing here times or loads an
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
+from optimize.accuracy import AccuracyResult
+from optimize.evidence import Evidence, is_lossy
 from optimize.pipeline.request import OptimizeRequest, stage_disabled_reason
 from optimize.recipes import Recipe, StageSpec
 from optimize.stats import percentile_ci
@@ -23,6 +26,9 @@ EXIT_TARGET_MET = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_TARGET_MISSED = 3
+# The artifact is written and verified, but faster candidates were left out because the data
+# given could not verify them (see unverified_faster): the report says which data would.
+EXIT_UNVERIFIED = 4
 
 
 def target_met(samples_ms: Sequence[float], metric: str, target_ms: float | None, confident: bool) -> bool:
@@ -85,9 +91,72 @@ def outcome_of(record: StageRecord) -> str:
     """What a searching stage learns about one of its candidates (StageContext.outcomes)."""
     if record.status == "kept":
         return "kept"
+    if record.status == "unverified":
+        return "unverified"
     if record.status == "rejected":
         return "inaccurate" if record.reason.startswith("inaccurate") else "slower"
     return "failed"
+
+
+def weigh_evidence(result: AccuracyResult, precision: str, evidence: Evidence | None) -> AccuracyResult:
+    """A reduced or quantized candidate judged on rows that cannot tell is unverified, whether it
+    passed there or not: passing proves nothing (a detector that detects nothing agrees with any
+    candidate) and failing proves nothing either (bf16 on random bytes: cosine 0.008, right on
+    real ones). It goes on to be measured, and is never shipped. What no data excuses stays a
+    failure: changed inputs or outputs, NaN/inf the original does not give."""
+    if evidence is None or evidence.can_tell or not is_lossy(precision):
+        return result
+    structural = not result.per_output or any(f.get("nonfinite") for f in result.per_output.values())
+    if not result.ok and structural:
+        return result
+    how = "passed" if result.ok else f"failed ({result.reason}), which proves nothing on them"
+    return replace(result, ok=True, unverified=f"{evidence.why_not()}; on these rows it {how}")
+
+
+def hold_unverified(record: StageRecord, accuracy: AccuracyResult, needs: str) -> None:
+    """A candidate measured faster than the best but unverified is recorded, not kept."""
+    if record.status != "kept" or not accuracy.unverified:
+        return
+    record.status = "unverified"
+    record.reason = (
+        f"{record.reason}, but not shipped: lto could not verify its accuracy ({accuracy.unverified})"
+        + (f"; to verify it, give {needs}" if needs else "")
+    )
+
+
+def unverified_faster(records: Sequence[StageRecord], shipped_speedup: float) -> list[dict[str, Any]]:
+    """The unverified candidates measured faster than what ships, fastest first, one per label."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r.status != "unverified" or r.speedup is None or r.speedup <= shipped_speedup:
+            continue
+        if r.label in out and out[r.label]["speedup"] >= r.speedup:
+            continue
+        out[r.label] = {
+            "label": r.label,
+            "stage": r.stage,
+            "backend": r.backend,
+            "precision": r.precision,
+            "numerics": r.numerics,
+            "speedup": r.speedup,
+            "ratio_vs_best": r.ratio,
+            "versus": (r.versus or {}).get("label"),
+            "why": (r.accuracy or {}).get("unverified", ""),
+        }
+    return sorted(out.values(), key=lambda item: -float(item["speedup"]))
+
+
+def final_exit(exit_code: int, verdict: str, unverified: Sequence[dict[str, Any]]) -> tuple[str, int]:
+    """The verdict and exit code once unverified faster candidates are counted: a missed target
+    keeps its 3; otherwise 4 says that data would unlock a faster artifact."""
+    if not unverified:
+        return verdict, exit_code
+    best = unverified[0]
+    line = (
+        f"{len(unverified)} faster candidate(s) not shipped, unverified "
+        f"(fastest: {best['label']} at {best['speedup']:.2f}x)"
+    )
+    return f"{verdict}; {line}", (exit_code if exit_code == EXIT_TARGET_MISSED else EXIT_UNVERIFIED)
 
 
 def search_done(spec: StageSpec, target_ms: float | None, best_ms: float) -> bool:
@@ -174,7 +243,10 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_TARGET_MET",
     "EXIT_TARGET_MISSED",
+    "EXIT_UNVERIFIED",
     "EXIT_USAGE",
+    "final_exit",
+    "hold_unverified",
     "judge_candidate",
     "original_wins_final",
     "outcome_of",
@@ -185,4 +257,6 @@ __all__ = [
     "stage_time_share",
     "target_met",
     "target_verdict",
+    "unverified_faster",
+    "weigh_evidence",
 ]

@@ -21,8 +21,9 @@ import numpy as np
 
 from optimize.accuracy import FEW_SAMPLES, AccuracyResult, MetricError, UserMetric, accuracy_json, check
 from optimize.bench import Comparison, Measurement
-from optimize.errors import InputError, UsageError, first_line
-from optimize.pipeline import judge
+from optimize.errors import UsageError, first_line
+from optimize.evidence import Evidence, assess, numerics
+from optimize.pipeline import judge, rows
 from optimize.pipeline.isolation import run_in_child
 from optimize.pipeline.request import (
     OptimizeRequest,
@@ -44,6 +45,18 @@ from optimize.runtimes.base import Backend
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 from optimize.stats import percentile_ci
 from optimize.task_metrics import MetricChoice
+
+# ONNX Runtime settings that leave the graph and its kernels as they are (threads, spinning,
+# memory reuse): a candidate with only these can be numerically exact.
+SESSION_ONLY_SETTINGS = {
+    "intra_op_num_threads",
+    "inter_op_num_threads",
+    "execution_mode",
+    "allow_spinning",
+    "enable_mem_pattern",
+    "enable_cpu_mem_arena",
+    "graph_optimization_level",
+}
 
 MeasureFn = Callable[..., Any]  # optimize.bench.measure's signature
 CompareFn = Callable[..., Any]  # optimize.bench.compare's signature
@@ -118,6 +131,8 @@ class Pipeline:
         self.sample_source = ""
         self.labels: dict[str, np.ndarray] | None = None
         self.choices: dict[str, MetricChoice] = {}
+        self.rows = rows.RowPlan([], "", False)
+        self.evidence: Evidence | None = None
         self.user_metric: UserMetric | None = None
         self._loaded: dict[str, Stage | StageSkipped] = {}
 
@@ -137,7 +152,8 @@ class Pipeline:
     def _outputs_of(self, backend: Backend) -> list[dict[str, np.ndarray]]:
         return [backend.run(sample) for sample in self.samples]
 
-    def _check_backend(self, backend: Backend) -> AccuracyResult:
+    def _check_backend(self, backend: Backend, candidate: Candidate) -> AccuracyResult:
+        """The candidate's outputs against the reference's, weighed by what the rows can tell."""
         expected = {(s.name, s.dtype) for s in self.baseline_inputs}
         got = {(s.name, s.dtype) for s in backend.inputs}
         if got != expected:
@@ -152,7 +168,7 @@ class Pipeline:
                 if x
             )
             return AccuracyResult(False, f"the candidate changed the model's inputs ({what})", {})
-        return check(
+        result = check(
             self.reference,
             self._outputs_of(backend),
             self.recipe.accuracy,
@@ -161,12 +177,13 @@ class Pipeline:
             inputs=self.samples,
             labels=self.labels,
         )
+        return judge.weigh_evidence(result, candidate.precision, self.evidence)
 
     def check_accuracy(self, candidate: Candidate) -> AccuracyResult:
         """The service stages get through ctx.check_accuracy (quantization back-off)."""
         backend = self._open(candidate)
         try:
-            return self._check_backend(backend)
+            return self._check_backend(backend, candidate)
         finally:
             backend.close()
 
@@ -209,16 +226,9 @@ class Pipeline:
             self.warnings.append(text)
 
     def _prepare_inputs(self, model_path: Path) -> None:
-        """The benchmark feeds and the accuracy samples, with every data file checked against the
-        model before any stage runs. Accuracy samples: --eval-data's rows, else --input-data's,
-        else `samples` generated ones (seeds no calibration sample uses); never calibration rows."""
-        from optimize.inputs import (
-            batch_axes,
-            generated_samples,
-            load_samples,
-            model_input_specs,
-            resolve_inputs,
-        )
+        """The benchmark feeds and the judging rows, with every data file checked against the
+        model before any stage runs (optimize/pipeline/rows.py decides which rows do what)."""
+        from optimize.inputs import batch_axes, generated_samples, model_input_specs, resolve_inputs
 
         self.progress.status("resolving inputs")
         req, th = self.request, self.recipe.accuracy
@@ -227,74 +237,63 @@ class Pipeline:
         )
         specs = model_input_specs(model_path)
         self.input_axes = batch_axes(specs)
-        samples: list[dict[str, np.ndarray]] = []
-        for flag, path in (("--eval-data", req.eval_data), ("--input-data", req.input_data)):
-            if path is None:
-                continue
-            data = load_samples(
-                path, specs, self.feeds, flag, self.input_axes, labels_allowed=flag == "--eval-data"
-            )
-            for warning in data.warnings:
-                if warning not in self.input_spec.warnings:
-                    self._warn(warning)
-            samples, self.labels = data.samples, (data.labels or None)
-            self.sample_source = f"{flag} {Path(path).name}"
-            break
-        else:
-            gen_spec, _ = resolve_inputs(model_path, self.input_spec.shapes(), None, seed=req.seed)
-            samples = generated_samples(gen_spec, req.seed, th.samples)
-            self.sample_source = f"generated (seed {req.seed}, {th.samples} samples)"
-        samples = self._without_calibration_rows(model_path, specs, samples)
-        if len(samples) < FEW_SAMPLES:
-            self._warn(
-                f"accuracy is judged on {len(samples)} samples ({self.sample_source}), fewer than "
-                f"{FEW_SAMPLES}: a rare failure can pass unseen; give more rows with --eval-data"
-            )
-        self.samples = samples
-
-    def _without_calibration_rows(
-        self, model_path: Path, specs: list[Any], samples: list[dict[str, np.ndarray]]
-    ) -> list[dict[str, np.ndarray]]:
-        """Check --calib-data against the model now (the quantize stage reads it late), say when
-        it goes unused, and drop accuracy samples that share a row with it: judged on its own
-        calibration data, a quantized model looks better than it is."""
-        from optimize.inputs import load_samples, row_keys
-
-        calib = self.request.calib_data
-        if calib is None:
-            return samples
-        data = load_samples(calib, specs, self.feeds, "--calib-data", self.input_axes, labels_allowed=True)
-        for warning in data.warnings:
-            self._warn(warning)
-        if data.labels:
-            self._warn(f"--calib-data arrays {', '.join(sorted(data.labels))} are not model inputs: ignored")
+        calibration = self._real_calibration_rows(model_path, specs)
         unused = self._calibration_unused_reason()
-        if unused:
-            self._warn(f"--calib-data is not used: {unused}")
-        elif data.restacked:
-            # The quantize stages read samples on axis 0 at the pinned shape: give them so.
-            conformed = self.workdir / "calib-data.npz"
-            np.savez(conformed, **{s.name: np.stack([x[s.name] for x in data.samples]) for s in specs})
-            readers = [spec for spec in self._calibration_readers() if "calib_data" in spec.options]
-            for spec in readers:
-                spec.options["calib_data"] = str(conformed)
-            names = ", ".join(spec.name for spec in readers)
-            self._log(f"--calib-data: {len(data.samples)} samples restacked at the pinned shapes for {names}")
-        calib_rows: set[bytes] = set()
-        for sample in data.samples:
-            calib_rows |= row_keys(sample, self.input_axes)
-        kept = [s for s in samples if not row_keys(s, self.input_axes) & calib_rows]
-        if len(kept) < len(samples):
-            if not kept:
-                raise InputError(
-                    f"every accuracy sample ({self.sample_source}) is also a --calib-data row",
-                    "judge accuracy on rows the model was not calibrated on: give --eval-data",
-                )
+        if calibration is not None and unused:
+            self._warn(f"{calibration.flag} is not used to calibrate: {unused}")
+
+        def generated() -> tuple[list[dict[str, np.ndarray]], str]:
+            gen_spec, _ = resolve_inputs(model_path, self.input_spec.shapes(), None, seed=req.seed)
+            return generated_samples(gen_spec, req.seed, th.samples), f"seed {req.seed}, {th.samples} samples"
+
+        plan = rows.plan_rows(
+            specs=specs,
+            feeds=self.feeds,
+            axes=self.input_axes,
+            seed=req.seed,
+            workdir=self.workdir,
+            eval_data=req.eval_data,
+            input_data=req.input_data,
+            calibration=calibration,
+            calibrates=not unused,
+            generated=generated,
+        )
+        for warning in plan.warnings:
+            if warning not in self.input_spec.warnings:
+                self._warn(warning)
+        for note in plan.notes:
+            self._log(note)
+        if plan.calibration_file is not None:
+            for spec in self._calibration_readers():
+                spec.options["calib_data"] = str(plan.calibration_file)
+        if plan.real and len(plan.samples) < FEW_SAMPLES:
             self._warn(
-                f"{len(samples) - len(kept)} of {len(samples)} accuracy samples ({self.sample_source}) are "
-                "--calib-data rows too and are not used to judge accuracy"
+                f"accuracy is judged on {len(plan.samples)} samples ({plan.source}), fewer than "
+                f"{FEW_SAMPLES}: a rare failure can pass unseen; give more rows"
             )
-        return kept
+        self.rows = plan
+        self.samples, self.labels, self.sample_source = plan.samples, plan.labels, plan.source
+
+    def _real_calibration_rows(self, model_path: Path, specs: list[Any]) -> rows.RealRows | None:
+        """--calib-data, or --data turned into rows, read and checked against the model now (the
+        quantize stages read them late)."""
+        req = self.request
+        if req.data is not None:
+            from optimize.datasets import read_data
+
+            self.progress.status(f"reading --data {req.data}")
+            return read_data(
+                req.data,
+                model_path,
+                specs,
+                self.feeds,
+                self.input_axes,
+                preprocess=req.preprocess,
+                tokenizer=req.tokenizer,
+            )
+        if req.calib_data is None:
+            return None
+        return rows.read_real_rows("--calib-data", Path(req.calib_data), specs, self.feeds, self.input_axes)
 
     def _calibration_readers(self) -> list[StageSpec]:
         """The enabled stages that calibrate on --calib-data (ONNX Runtime's and OpenVINO's int8)."""
@@ -323,26 +322,24 @@ class Pipeline:
     def _choose_metrics(self, base_backend: Backend) -> None:
         """Each output's task metric (the recipe's / --task-metric's overrides win), and the user's
         metric checked on the original model against itself before any stage runs."""
-        from optimize.accuracy import choose_metrics, compare_outputs
+        from optimize.accuracy import choose_metrics
         from optimize.inputs import output_batch_axes
 
         axes = output_batch_axes(
             base_backend.outputs, base_backend.inputs, self.reference[0], self.input_spec.batch_size
         )
         self.choices = choose_metrics(self.reference, self.recipe.accuracy.task_metrics, axes)
-        for name, choice in self.choices.items():
-            if choice.metric != "detection":
-                continue
-            # A detector fed noise detects nothing, and then agrees with anything: say so.
-            refs = [{name: r[name]} for r in self.reference]
-            per, _ = compare_outputs(refs, refs, thresholds=self.recipe.accuracy, choices={name: choice})
-            if not per.get(name, {}).get("detections", {}).get("reference"):
-                self._warn(
-                    f"output {name!r} is judged as a detection head, but the original model detects "
-                    f"nothing above score {self.recipe.accuracy.detection_score} on the accuracy samples "
-                    f"({self.sample_source}): the detection metric cannot tell; give real images "
-                    "with --eval-data"
-                )
+        self.evidence = assess(
+            self.reference, self.choices, self.recipe.accuracy, source=self.rows.source, real=self.rows.real
+        )
+        for test in self.evidence.outputs:
+            verdict = "can tell" if test.can_tell else "cannot tell"
+            self._log(f"evidence: output {test.name!r} ({test.metric}) {verdict}: {test.finding}")
+        if not self.evidence.can_tell:
+            self._warn(
+                "no reduced or quantized candidate can ship from this run: "
+                f"{self.evidence.why_not()}; to verify them, give {self.evidence.needs()}"
+            )
         self.user_metric = self.request.user_metric()
         if self.user_metric is not None:
             score, passed = self.user_metric(self.reference, self.reference, self.samples, self.labels)
@@ -686,7 +683,7 @@ class Pipeline:
             return record, None, None, no_acc
         try:
             self.progress.status(f"{cand.label}: checking accuracy on {len(self.samples)} samples")
-            accuracy = self._check_backend(backend)
+            accuracy = self._check_backend(backend, cand)
         except (KeyboardInterrupt, SystemExit, MetricError):  # the user's --metric broke: a usage error
             backend.close()
             raise
@@ -695,6 +692,7 @@ class Pipeline:
             record.reason = f"the candidate does not run: {first_line(exc)}"
             return record, None, None, no_acc
         record.accuracy = accuracy_json(accuracy)
+        record.numerics = self._numerics(cand, accuracy)
         if not accuracy.ok:
             record.status = "rejected"
             record.reason = f"inaccurate: {accuracy.reason}"
@@ -712,6 +710,12 @@ class Pipeline:
             return record, None, None, accuracy
         record.details["comparison"] = comparison.to_json()
         self._judge(record, comparison, best.label, best_speedup)
+        if accuracy.unverified:
+            # Measured so the report can say what verifying it would gain; never adopted, so no
+            # confirmation run is spent on it.
+            judge.hold_unverified(record, accuracy, self.evidence.needs() if self.evidence else "")
+            backend.close()
+            return record, None, None, accuracy
         if record.status != "kept":
             return record, backend, comparison, accuracy
 
@@ -744,6 +748,19 @@ class Pipeline:
                 + record.reason
             )
         return record, backend, comparison, accuracy
+
+    def _numerics(self, cand: Candidate, accuracy: AccuracyResult) -> str:
+        """exact only for the original graph under session settings alone, seen bit for bit equal."""
+        same_graph = (
+            cand.backend == "onnxruntime"
+            and Path(cand.model_path).resolve() == Path(self.request.model_path).resolve()
+            and set(cand.runtime_config) <= SESSION_ONLY_SETTINGS
+            and cand.runtime_config.get("graph_optimization_level", "all") == "all"
+        )
+        identical = bool(accuracy.per_output) and all(
+            float(f.get("max_abs", 1.0)) == 0.0 for f in accuracy.per_output.values()
+        )
+        return numerics(cand.precision, same_graph, identical)
 
     def _compare(self, a: Backend, b: Backend, label_a: str, label_b: str) -> Comparison:
         return self.compare_fn(
@@ -818,6 +835,16 @@ class Pipeline:
 
         value, lo_v, hi_v = percentile_ci(best_meas.samples_ms, self.metric)
         verdict, exit_code, met = judge.target_verdict(value, self.request.target_ms, self.metric)
+        unverified = judge.unverified_faster(self.records, speedup)
+        verdict, exit_code = judge.final_exit(exit_code, verdict, unverified)
+        best_numerics = (
+            "exact"
+            if best is baseline
+            else next(
+                (r.numerics for r in reversed(self.records) if r.label == best.label and r.numerics),
+                numerics(best.precision, False, False),
+            )
+        )
 
         if best is baseline:
             best_accuracy = check(
@@ -830,7 +857,11 @@ class Pipeline:
             "thresholds": self.recipe.accuracy.to_json(),
             "metrics": {name: choice.to_json() for name, choice in self.choices.items()},
             "sample_source": self.sample_source,
+            "numerics": best_numerics,
+            "rows": self.rows.purposes,
         }
+        if self.evidence is not None:
+            accuracy["evidence"] = self.evidence.to_json()
         figures = FinalFigures(
             best=best,
             accuracy=accuracy,
@@ -843,6 +874,8 @@ class Pipeline:
             verdict=verdict,
             exit_code=exit_code,
             met=met,
+            numerics=best_numerics,
+            unverified=self._unverified_section(unverified),
         )
         report = optimize_report(self, figures)
         section = report["optimize"]
@@ -864,12 +897,24 @@ class Pipeline:
                 "speedup": speedup,
                 "speedup_ci95": list(speedup_ci),
                 "recipe": self.recipe.name,
+                "numerics": best_numerics,
             },
             report_writer=write_report,
             force=self.request.force,
         )
         partial_report_path(self.out_dir).unlink(missing_ok=True)
         return PipelineResult(report, self.records, best, exit_code, self.out_dir, verdict)
+
+    def _unverified_section(self, candidates: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The faster candidates left out, what data would verify them, and the command."""
+        if not candidates or self.evidence is None:
+            return None
+        return {
+            "candidates": candidates,
+            "why": self.evidence.why_not(),
+            "needs": self.evidence.needs(),
+            "command": self.request.verify_command(),
+        }
 
     def _revert(self, best_label: str, speedup: float, speedup_ci: tuple[float, float]) -> None:
         """The final comparison sent the original back: every kept row says so, in the table and

@@ -62,6 +62,12 @@ class OptimizeRequest:
     task_metrics: dict[str, str] = field(default_factory=dict)  # output -> metric (--task-metric)
     metric: str | None = None  # --metric FILE.py:FUNCTION
     runtime: str = "auto"  # --runtime: auto | onnxruntime | openvino
+    # --data: images, text lines or wav files (or an .npz) turned into real rows, split into
+    # calibration and judging rows like --calib-data alone (optimize/datasets.py).
+    data: Path | None = None
+    preprocess: str | None = None  # --preprocess: how images become tensors
+    tokenizer: Path | None = None  # --tokenizer tokenizer.json: how text lines become token ids
+    command: list[str] | None = None  # the command line as typed, for the commands lto suggests
 
     def validate(self) -> None:
         if self.target_ms is not None and not (self.target_ms > 0 and math.isfinite(self.target_ms)):
@@ -85,6 +91,7 @@ class OptimizeRequest:
             self.eval_data = Path(self.eval_data)
             if not self.eval_data.is_file():
                 raise UsageError(f"--eval-data file not found: {self.eval_data}")
+        self._validate_data()
         overrides = self.accuracy_overrides()
         if overrides:
             from optimize.recipes import Thresholds, parse_thresholds
@@ -96,9 +103,49 @@ class OptimizeRequest:
             raise UsageError("--stop-at-target needs --target-ms")
         if self.out_dir is not None:
             # Before any work: a run that ends by refusing to write its artifact wastes the user's time.
-            inputs = [self.model_path, self.calib_data, self.input_data, self.eval_data]
+            inputs = [self.model_path, self.calib_data, self.input_data, self.eval_data, self.data]
             check_output_dir(self.out_dir, inputs=inputs, force=self.force)
             check_output_file(partial_report_path(Path(self.out_dir)), flag="-o")
+
+    def _validate_data(self) -> None:
+        if self.data is not None:
+            self.data = Path(self.data)
+            if not self.data.exists():
+                raise UsageError(f"--data not found: {self.data}")
+            if self.calib_data is not None:
+                raise UsageError("--data and --calib-data both give calibration rows", "give one of them")
+        else:
+            for flag, value in (("--preprocess", self.preprocess), ("--tokenizer", self.tokenizer)):
+                if value is not None:
+                    raise UsageError(f"{flag} applies to --data only", f"give --data PATH with {flag}")
+        if self.tokenizer is not None and not Path(self.tokenizer).is_file():
+            raise UsageError(f"--tokenizer file not found: {self.tokenizer}")
+
+    def verify_command(self) -> str:
+        """The command that would verify what this run could not: this one with --eval-data."""
+        import shlex
+
+        args = list(self.command or [])
+        if not args:
+            args = ["lto", "optimize", str(self.model_path)]
+            for name, dims in self.shapes.items():
+                args += ["--shape", f"{name}={'x'.join(str(d) for d in dims)}"]
+            for flag, value in (("--calib-data", self.calib_data), ("--data", self.data)):
+                if value is not None:
+                    args += [flag, str(value)]
+        out: list[str] = []
+        skip = False
+        for arg in args:
+            if skip:
+                skip = False
+                continue
+            if arg == "--eval-data":
+                skip = True
+                continue
+            if arg.startswith("--eval-data="):
+                continue
+            out.append(arg)
+        return shlex.join([*out, "--eval-data", "EVAL.npz"])
 
     def accuracy_overrides(self) -> dict[str, Any]:
         """The Thresholds fields the request sets (checked; ranges are checked with the recipe's)."""

@@ -30,7 +30,8 @@ class StageRecord:
     stage: str
     label: str
     # baseline | kept | rejected | skipped | failed | reverted (kept, then sent back by the
-    # final side-by-side comparison with the original)
+    # final side-by-side comparison with the original) | unverified (reduced or quantized,
+    # measured faster, but the rows could not verify its accuracy: never shipped)
     status: str
     reason: str = ""
     latency_ms: dict[str, float] | None = None  # p50, p99 and the target percentile
@@ -45,6 +46,8 @@ class StageRecord:
     backend: str | None = None
     runtime_config: dict[str, Any] | None = None
     precision: str | None = None
+    # exact | reassociated | reduced | quantized (optimize/evidence.py), once its outputs were seen
+    numerics: str | None = None
     elapsed_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -63,6 +66,7 @@ class StageRecord:
             "backend": self.backend,
             "runtime_config": self.runtime_config,
             "precision": self.precision,
+            "numerics": self.numerics,
             "elapsed_s": round(self.elapsed_s, 3),
         }
 
@@ -121,6 +125,9 @@ class FinalFigures:
     verdict: str
     exit_code: int
     met: bool | None
+    numerics: str = "exact"
+    # Faster candidates the rows could not verify, and how to verify them (None: there are none).
+    unverified: dict[str, Any] | None = None
 
 
 def optimize_report(run: Pipeline, final: FinalFigures) -> dict[str, Any]:
@@ -147,7 +154,9 @@ def optimize_report(run: Pipeline, final: FinalFigures) -> dict[str, Any]:
             "runtime_config": final.best.runtime_config,
             "precision": final.best.precision,
             "kept_stages": [c["stage"] for c in final.kept_chain],
+            "numerics": final.numerics,
         },
+        "unverified": final.unverified,
         "speedup": final.speedup,
         "speedup_ci95": list(final.speedup_ci),
         "final_comparison": final.final_comparison,

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from optimize.units import index_ranges
+
 
 def _fmt_ms(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, (int, float)) else "–"
@@ -110,6 +112,44 @@ TABLE_NOTE = (
 )
 
 
+def evidence_lines(section: Mapping[str, Any]) -> list[str]:
+    """The artifact's numerics, the rows that judged and what they could tell, and the faster
+    candidates left out for want of evidence."""
+    acc = section.get("accuracy") or {}
+    best = section.get("best") or {}
+    lines = (
+        [f"- numerics: **{best['numerics']}** ({best.get('precision', '?')})"] if best.get("numerics") else []
+    )
+    rows = acc.get("rows") or {}
+    for purpose in ("judge", "calibration"):
+        part = rows.get(purpose)
+        if not part:
+            continue
+        where = part.get("flag") or f"generated ({part.get('generated')})"
+        file = f" `{part['file']}`" if part.get("file") else ""
+        picked = f", samples {index_ranges(part['indices'])}" if part.get("indices") else ""
+        verb = "judged accuracy" if purpose == "judge" else "calibrated"
+        lines.append(f"- rows that {verb}: {part.get('samples')} from {where}{file}{picked}")
+    evidence = acc.get("evidence") or {}
+    for name, test in (evidence.get("outputs") or {}).items():
+        verdict = "can tell" if test.get("can_tell") else "**cannot tell**"
+        lines.append(f"  - output `{name}` ({test.get('metric')}): {verdict}: {test.get('finding')}")
+    unverified = section.get("unverified")
+    if unverified:
+        lines += ["", "**Faster candidates not shipped: lto could not verify them.** "
+                  f"{unverified['why']}.", ""]  # fmt: skip
+        lines += ["| candidate | numerics | measured speedup | why unverified |", "|---|---|---|---|"]
+        for cand in unverified["candidates"]:
+            why = str(cand.get("why", "")).replace("|", "\\|")
+            lines.append(
+                f"| {cand['label']} | {cand.get('numerics') or cand.get('precision')} | "
+                f"{cand['speedup']:.2f}x | {why} |"
+            )
+        lines += ["", f"To verify them, give {unverified['needs']}:", "", "```",
+                  str(unverified["command"]), "```"]  # fmt: skip
+    return lines
+
+
 def render_markdown_section(section: Mapping[str, Any]) -> str:
     """The optimize part of report.md (called by optimize.report.render_markdown)."""
     lines = ["## Optimization", ""]
@@ -146,6 +186,7 @@ def render_markdown_section(section: Mapping[str, Any]) -> str:
             + f": {accuracy_cell(acc)}"
         )
         lines += accuracy_lines(acc)
+        lines += evidence_lines(section)
         if section.get("external_data"):
             lines.append("- the model stores its weights as external data; the artifact carries them")
     lines += ["", "| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]

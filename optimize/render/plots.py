@@ -25,6 +25,7 @@ _STATUS_COLOURS = {
     "kept": "#009E73",
     "rejected": "#E69F00",
     "reverted": "#CC79A7",
+    "unverified": "#0072B2",
     "failed": "#D55E00",
 }
 

@@ -442,6 +442,7 @@ _STATUS_STYLE = {
     "kept": "green",
     "rejected": "yellow",
     "reverted": "yellow",
+    "unverified": "magenta",
     "skipped": "dim",
     "failed": "red",
     "baseline": "cyan",
@@ -505,10 +506,33 @@ def render_optimize_summary(
         f"artifact: [bold]{escape(str(artifact_dir))}[/] ({escape(section['best']['label'])}), "
         f"[bold]{section['speedup']:.2f}x[/] vs ONNX Runtime defaults "
         f"(95% CI {slo:.2f}–{shi:.2f}, side by side); "
+        f"numerics: {escape(str(section['best'].get('numerics', '?')))}; "
         f"accuracy: {escape(accuracy_cell(section.get('accuracy')))}",
         highlight=False,
         soft_wrap=True,
     )
+    acc = section.get("accuracy") or {}
+    if acc.get("sample_source"):
+        console.print(f"judged on: {escape(str(acc['sample_source']))}", highlight=False, soft_wrap=True)
+    unverified = section.get("unverified")
+    if unverified:
+        console.print(
+            f"[magenta]not shipped, unverified:[/] {escape(str(unverified['why']))}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        for cand in unverified["candidates"]:
+            kind = escape(str(cand.get("numerics") or cand.get("precision")))
+            console.print(
+                f"  {escape(str(cand['label']))} ({kind}) measured {cand['speedup']:.2f}x "
+                "vs ONNX Runtime defaults",
+                highlight=False,
+                soft_wrap=True,
+            )
+        console.print(
+            f"to verify them, give {escape(str(unverified['needs']))}:", highlight=False, soft_wrap=True
+        )
+        console.print(f"  {escape(str(unverified['command']))}", highlight=False, soft_wrap=True)
     colour = "green" if exit_code == 0 else "yellow"
     console.print(f"[bold {colour}]{escape(verdict)}[/] (exit code {exit_code})", highlight=False)
     for warning in section.get("warnings", []):

@@ -118,17 +118,20 @@ def _npz(path: Path, **arrays: np.ndarray) -> Path:
 
 def test_eval_rows_that_are_calibration_rows_are_not_used(tmp_path: Path) -> None:
     model = make_matmul_model(tmp_path / "tiny.onnx")
-    rows = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)
+    rows = np.random.default_rng(1).standard_normal((12, 16)).astype(np.float32)
     evals = _npz(tmp_path / "eval.npz", x=rows)
     static = '[stages.quantize]\nmode = "static"\n'
     overlap = prepared(
         tmp_path, model, static, eval_data=evals, calib_data=_npz(tmp_path / "c.npz", x=rows[:3])
     )
-    assert len(overlap.samples) == 5
+    assert len(overlap.samples) == 9
     assert not {s["x"].tobytes() for s in overlap.samples} & {rows[i : i + 1].tobytes() for i in range(3)}
-    assert any("3 of 8 accuracy samples" in w and "--calib-data rows too" in w for w in overlap.warnings)
-    with pytest.raises(InputError, match=r"every accuracy sample .* is also a --calib-data row"):
+    assert any("3 of 12 --eval-data samples are calibration rows too" in w for w in overlap.warnings)
+    with pytest.raises(InputError, match=r"every --eval-data sample is also a --calib-data row"):
         prepared(tmp_path, model, static, eval_data=evals, calib_data=evals)
+    # Fewer than 8 left to judge on: an error that says how many are needed.
+    with pytest.raises(InputError, match=r"--eval-data \(less the calibration rows\) holds 4 sample"):
+        prepared(tmp_path, model, static, eval_data=evals, calib_data=_npz(tmp_path / "c8.npz", x=rows[:8]))
 
 
 def test_calib_data_is_checked_before_any_stage_and_unused_modes_are_warned(tmp_path: Path) -> None:
@@ -138,16 +141,20 @@ def test_calib_data_is_checked_before_any_stage_and_unused_modes_are_warned(tmp_
     with pytest.raises(InputError, match="--calib-data array 'x' has dtype float64"):
         run_on(tmp_path, model, {"quantize": stage}, {}, calib_data=bad)
     assert stage.calls == 0
-    good = _npz(tmp_path / "calib.npz", x=np.zeros((4, 16), np.float32))
+    rows = np.random.default_rng(3).standard_normal((16, 16)).astype(np.float32)
+    good = _npz(tmp_path / "calib.npz", x=rows)
     dynamic = prepared(tmp_path, model, '[stages.quantize]\nmode = "dynamic"\n', calib_data=good)
-    unused = "--calib-data is not used: quantize searches dynamic int8 only"
+    unused = "--calib-data is not used to calibrate: quantize searches dynamic int8 only"
     assert any(w.startswith(unused) for w in dynamic.warnings)
+    assert len(dynamic.samples) == 16  # nothing calibrates on it: every row judges
     auto = prepared(tmp_path, model, '[stages.quantize]\nmode = "auto"\n', calib_data=good)
-    assert not any("--calib-data is not used" in w for w in auto.warnings)  # static points may run
+    assert not any("is not used to calibrate" in w for w in auto.warnings)  # static points may run
+    assert len(auto.samples) == 8  # half judges, half calibrates
     off = prepared(tmp_path, model, '[stages.quantize]\nmode = "static"\n', calib_data=good, quantize="never")
-    assert "--calib-data is not used: the quantize stage is off (--quantize never)" in off.warnings
+    never = "--calib-data is not used to calibrate: the quantize stage is off (--quantize never)"
+    assert never in off.warnings
     used = prepared(tmp_path, model, '[stages.quantize]\nmode = "static"\n', calib_data=good)
-    assert not any("--calib-data is not used" in w for w in used.warnings)
+    assert not any("is not used to calibrate" in w for w in used.warnings)
 
 
 def test_calib_data_rows_off_axis_zero_are_restacked_for_the_quantize_stage(tmp_path: Path) -> None:
@@ -155,13 +162,13 @@ def test_calib_data_rows_off_axis_zero_are_restacked_for_the_quantize_stage(tmp_
     from tests.test_inputs import make_state_model
 
     model = make_state_model(tmp_path / "vad.onnx")
-    calib = _npz(tmp_path / "calib.npz", x=np.ones((6, 4), np.float32), sr=np.array(16000),
-                 state=np.zeros((2, 6, 4), np.float32))  # fmt: skip
+    x = np.random.default_rng(4).standard_normal((16, 4)).astype(np.float32)
+    calib = _npz(tmp_path / "calib.npz", x=x, sr=np.array(16000), state=np.zeros((2, 16, 4), np.float32))
     pipeline = prepared(tmp_path, model, '[stages.quantize]\nmode = "static"\n', calib_data=calib)
     given = pipeline.recipe.stage("quantize").options["calib_data"]
     assert Path(given).parent == pipeline.workdir
-    samples = load_calibration(given, pipeline.feeds)  # what the stage will read
-    assert len(samples) == 6 and samples[0]["state"].shape == (2, 1, 4) and samples[0]["sr"].shape == ()
+    samples = load_calibration(given, pipeline.feeds)  # what the stage will read: the calibration half
+    assert len(samples) == 8 and samples[0]["state"].shape == (2, 1, 4) and samples[0]["sr"].shape == ()
 
 
 # --- thresholds, task metrics, the user's metric ------------------------------------------------
@@ -229,7 +236,7 @@ def test_eval_data_labels_and_the_user_metric_reach_the_report_and_manifest(tmp_
     section = load_report(result.artifact_dir / "report.json")["optimize"]  # validated by the schema
     accuracy = section["accuracy"]
     assert accuracy["user_metric"] == {"name": "agree.py:agree", "score": 1.0, "ok": True}
-    assert accuracy["samples"] == 40 and accuracy["sample_source"] == "--eval-data eval.npz"
+    assert accuracy["samples"] == 40 and accuracy["sample_source"] == "--eval-data eval.npz (40 samples)"
     assert accuracy["thresholds"]["min_top1"] is None and accuracy["thresholds"]["min_task_cosine"] == 0.0
     manifest = load_artifact(result.artifact_dir).manifest
     assert manifest["accuracy"]["thresholds"] == accuracy["thresholds"]

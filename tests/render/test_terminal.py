@@ -180,3 +180,29 @@ def test_budget_progress_prints_plain_lines_with_an_eta_when_piped() -> None:
         "measuring m@b1 (repetition 2/2): 50 runs, 0.5s (≤10s left)",  # 10.5 s spent of 20
         "measuring m@b1 (repetition 2/2): 600 runs, 6.0s (≤4s left)",
     ]
+
+
+def test_optimize_summary_lists_unverified_candidates_with_the_command_that_verifies_them() -> None:
+    from optimize.render.terminal import render_optimize_summary
+
+    report = _optimize_report(3)
+    section = report["optimize"]
+    section["best"]["numerics"] = "reassociated"
+    section["accuracy"] = {"sample_source": "generated (seed 0, 32 samples)"}
+    section["unverified"] = {
+        "candidates": [{"label": "openvino-convert:bf16", "numerics": "reduced", "speedup": 1.52}],
+        "why": "accuracy was judged on generated (seed 0, 32 samples) inputs, not on the model's own data",
+        "needs": "at least 8 real samples",
+        "command": "lto optimize models/model.onnx --eval-data EVAL.npz",
+    }
+    verdict = "no target given; 1 faster candidate(s) not shipped, unverified"
+
+    def summary(report: dict[str, Any], console: Console) -> None:
+        render_optimize_summary(report, "out/artifact", verdict, 4, console, console)
+
+    text = _text(summary, report)
+    assert "numerics: reassociated" in text and "judged on: generated (seed 0, 32 samples)" in text
+    assert "not shipped, unverified: accuracy was judged on generated" in text
+    assert "openvino-convert:bf16 (reduced) measured 1.52x" in text
+    assert "lto optimize models/model.onnx --eval-data EVAL.npz" in text
+    assert text.rstrip().splitlines()[-1].endswith("(exit code 4)")

@@ -131,7 +131,7 @@ def search_space(
 
 def dominated_reason(point: QuantPoint, tried: Mapping[QuantPoint, str], explicit: bool = False) -> str:
     """Why `point` cannot beat what was tried ("" when it is worth trying). `tried` maps earlier
-    points to their outcome: kept | slower | inaccurate | failed (StageContext.outcomes).
+    points to their outcome: kept | slower | unverified | inaccurate | failed (StageContext.outcomes).
     `explicit`: the recipe asked for exactly this family, so only outright duplicates are skipped."""
     same_kernels = [(p, o) for p, o in tried.items() if p.kernels == point.kernels]
     if point.fuse_after:
@@ -151,10 +151,14 @@ def dominated_reason(point: QuantPoint, tried: Mapping[QuantPoint, str], explici
         return ""
     if explicit:
         return ""
-    decided = [(p, o) for p, o in same_kernels if o in ("kept", "slower")]
+    decided = [(p, o) for p, o in same_kernels if o in ("kept", "slower", "unverified")]
     if decided:
         p, outcome = decided[0]
-        what = "was kept" if outcome == "kept" else "was accurate but not faster than the best"
+        what = {
+            "kept": "was kept",
+            "slower": "was accurate but not faster than the best",
+            "unverified": "was measured but could not be verified on the data given",
+        }[outcome]
         return f"only the activation ranges differ from {p.label}, which {what}: it cannot be faster"
     return ""
 

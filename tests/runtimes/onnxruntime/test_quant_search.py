@@ -57,6 +57,8 @@ def test_what_earlier_outcomes_make_not_worth_trying() -> None:
     # Same kernels as an accurate point: other ranges cannot be faster.
     assert "cannot be faster" in dominated_reason(percentile, {minmax: "slower"})
     assert "cannot be faster" in dominated_reason(percentile, {minmax: "kept"})
+    # Measured but unverifiable on the data given: another calibration of the same kernels is too.
+    assert "could not be verified" in dominated_reason(percentile, {minmax: "unverified"})
     # ... but they may be accurate where it was not.
     assert dominated_reason(percentile, {minmax: "inaccurate"}) == ""
     assert dominated_reason(percentile, {minmax: "failed"}) == ""
