@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,14 +38,28 @@ EPILOG = """
   lto optimize model.onnx --enable tensorrt-build --shape input_ids=1x128:8x128:32x128
   lto optimize model.onnx --runtime openvino   [dim](OpenVINO candidates only)[/]
   lto optimize yolo.onnx --calib-data calib.npz --eval-data eval.npz --accuracy 'detection>=0.95'
+  lto optimize resnet.onnx --data photos/ --preprocess imagenet   [dim](half calibrates, half judges)[/]
+  lto optimize yolo.onnx --data photos/ --preprocess yolo
+  lto optimize bert.onnx --shape sequence=128 --data texts.txt --tokenizer tokenizer.json
+  lto optimize vad.onnx --data clips/      [dim](wav files, cut into windows of the input's length)[/]
   lto optimize asr.onnx --task-metric logits=ctc --metric wer.py:score --eval-data speech.npz
 
 [bold]Exit codes[/]
 
   0  target met, or no --target-ms given
   3  the best artifact misses the target (the artifact is still written)
+  4  the artifact is written, but faster reduced or quantized candidates were left out:
+     the rows given could not verify them (the last line and report.md say which data would)
   1  failure
   2  usage error: bad flags, model, inputs or recipe
+
+[bold]Which rows judge accuracy[/]
+
+  --eval-data when given; else half of --calib-data or --data (the other half calibrates,
+  split with --seed); else --input-data; generated inputs only when no rows are given. A
+  bf16, fp16 or int8 candidate ships only when judged on at least 8 real samples on which
+  every output's metric can tell (a detector that detects something, a classifier that is
+  not a near-tie): otherwise the best fp32 candidate ships.
 
 [bold]Output[/]
 
@@ -84,9 +99,10 @@ def optimize_command(
     calib_data: Path | None = typer.Option(
         None,
         "--calib-data",
-        help="Calibration inputs for static int8: .npz with one array per input (rows along its batch "
-        "axis, or samples on a new first axis); checked before any stage; unused (with a warning) when "
-        "quantization is dynamic. Never used to judge accuracy.",
+        help="Real inputs for int8 calibration: .npz with one array per input (rows along its batch "
+        "axis, or samples on a new first axis); checked before any stage. Without --eval-data, lto "
+        "calibrates on half of the samples and judges accuracy on the other half (16+ needed). No "
+        "row both calibrates and judges.",
         metavar="FILE.npz",
     ),
     shape: list[str] = typer.Option(
@@ -156,6 +172,27 @@ def optimize_command(
         "samples stacked on a new first axis); other arrays are labels for --metric. Rows that are "
         "also --calib-data rows are not used.",
         metavar="FILE.npz",
+    ),
+    data: Path | None = typer.Option(
+        None,
+        "--data",
+        help="Real data instead of an .npz: a folder of images (with --preprocess), a text file of "
+        "lines (with --tokenizer), wav files, or an .npz; split into calibration and accuracy rows "
+        "like --calib-data.",
+        metavar="PATH",
+    ),
+    preprocess: str | None = typer.Option(
+        None,
+        "--preprocess",
+        help="How --data images become tensors: imagenet, unit, signed, raw or yolo, then keys "
+        "bgr, resize=stretch|crop|letterbox, scale=, mean=R:G:B, std=R:G:B, pad=; e.g. 'imagenet,bgr'.",
+        metavar="SPEC",
+    ),
+    tokenizer: Path | None = typer.Option(
+        None,
+        "--tokenizer",
+        help="The model's tokenizer.json (Hugging Face tokenizers) for --data text lines.",
+        metavar="FILE.json",
     ),
     min_cosine: float | None = typer.Option(
         None,
@@ -234,6 +271,10 @@ def optimize_command(
         task_metrics=_task_metric_flags(task_metric),
         metric=metric,
         runtime=runtime,
+        data=data,
+        preprocess=preprocess,
+        tokenizer=tokenizer,
+        command=["lto", *sys.argv[1:]] if sys.argv and sys.argv[0] else None,
     )
     request.validate()
     with _RichProgress(show_rows=not json_out, budget_s=time_budget) as progress:
