@@ -113,15 +113,13 @@ def weigh_evidence(result: AccuracyResult, precision: str, evidence: Evidence | 
     return replace(result, ok=True, unverified=f"{evidence.why_not()}; on these rows it {how}")
 
 
-def hold_unverified(record: StageRecord, accuracy: AccuracyResult, needs: str) -> None:
-    """A candidate measured faster than the best but unverified is recorded, not kept."""
+def hold_unverified(record: StageRecord, accuracy: AccuracyResult) -> None:
+    """A candidate measured faster than the best but unverified is recorded, not kept (what data
+    would verify it is said once, at the end of the run)."""
     if record.status != "kept" or not accuracy.unverified:
         return
     record.status = "unverified"
-    record.reason = (
-        f"{record.reason}, but not shipped: lto could not verify its accuracy ({accuracy.unverified})"
-        + (f"; to verify it, give {needs}" if needs else "")
-    )
+    record.reason = f"{record.reason}, but not shipped: unverified ({accuracy.unverified})"
 
 
 def unverified_faster(records: Sequence[StageRecord], shipped_speedup: float) -> list[dict[str, Any]]:

@@ -713,7 +713,7 @@ class Pipeline:
         if accuracy.unverified:
             # Measured so the report can say what verifying it would gain; never adopted, so no
             # confirmation run is spent on it.
-            judge.hold_unverified(record, accuracy, self.evidence.needs() if self.evidence else "")
+            judge.hold_unverified(record, accuracy)
             backend.close()
             return record, None, None, accuracy
         if record.status != "kept":
