@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time", type=float, default=3.0, help="seconds per lto bench measurement")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: calib, eval, none")
     parser.add_argument("--rows", type=int, default=32, help="the user's real rows (default 32)")
-    parser.add_argument("--eval-samples", type=int, default=8, help="fresh samples for the task metric")
+    parser.add_argument("--eval-samples", type=int, default=32, help="fresh samples for the task metric")
     parser.add_argument("--alone-rounds", type=int, default=5, help="rounds of lto bench per side (0: skip)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-budget", default=None, help="passed to lto optimize --time-budget (e.g. 10m)")

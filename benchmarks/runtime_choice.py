@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         "--lto-eval-samples", type=int, default=16, help="samples in --eval-data (--with-eval)"
     )
     parser.add_argument("--with-eval", action="store_true", help="also give lto a separate --eval-data")
-    parser.add_argument("--eval-samples", type=int, default=8, help="fresh samples for the task metric")
+    parser.add_argument("--eval-samples", type=int, default=32, help="fresh samples for the task metric")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--alone-rounds", type=int, default=3, help="rounds of each side benchmarked alone (0: skip)"
