@@ -13,7 +13,8 @@ each mode (`--modes`, all three by default), through the real CLI:
 
 Each artifact is then measured against ONNX Runtime defaults the way it will be deployed: `lto
 bench` in a fresh process per side, the sides alternated for `--alone-rounds` rounds (order rotated),
-speedup = median p50 of ORT defaults / median p50 of the artifact, both on the real bench input. The
+speedup = median p50 of ORT defaults / median p50 of the artifact, both on the real bench input; and
+side by side, as a user checks it, with `lto bench --artifact ART --compare MODEL`. The
 entry's task metric compares the artifact's outputs with the original's on the fresh rows. lto's
 own figure (its final side-by-side comparison), its exit code and what it left unverified are
 printed beside them.
@@ -82,6 +83,8 @@ class Run:
     optimize_s: float | None = None
     alone_p50_ms: list[float] = field(default_factory=list)
     alone_speedup: float | None = None
+    side_speedup: float | None = None  # `lto bench --artifact ART --compare MODEL`, interleaved
+    side_speedup_ci95: tuple[float, float] | None = None
     metric_score: float | None = None
     metric_passed: bool | None = None
     metric_detail: str = ""
@@ -174,6 +177,19 @@ def judge_outside(entry: Entry, model: Path, art: Path, fresh: list[Feed], run: 
         best.close()
     score, passed, detail = entry.metric(reference, candidate, fresh)
     run.metric_score, run.metric_passed, run.metric_detail = float(score), bool(passed), detail
+
+
+def bench_side_by_side(model: Path, art: Path, inputs: Path, seconds: float, run: Run) -> None:
+    """The artifact against the original as a user checks it: `lto bench --artifact ART --compare
+    MODEL`, interleaved in one process; speedup = the original's p50 over the artifact's."""
+    cmd = [*lto_command(), "bench", "--artifact", str(art), "--compare", str(model), "--input-data",
+           str(inputs), "--time", f"{seconds}", "--json"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(one_line_error(proc.stderr, proc.returncode))
+    comparison = json.loads(proc.stdout)["comparison"]  # ratio = artifact / original
+    lo, hi = comparison["ratio_ci95"]
+    run.side_speedup, run.side_speedup_ci95 = 1.0 / comparison["ratio"], (1.0 / hi, 1.0 / lo)
 
 
 def bench_alone(target: list[str], inputs: Path, seconds: float) -> float:
@@ -333,6 +349,7 @@ def run_entry(entry: Entry, work: Path, logs: Path, args: argparse.Namespace) ->
         _read_report(run, report)
         try:
             judge_outside(entry, model, art, fresh, run)
+            bench_side_by_side(model, art, paths["input"], args.time, run)
         except Exception as exc:  # one run's failure is a cell, not the end of the benchmark
             run.error = f"task metric: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             continue
@@ -356,8 +373,11 @@ def _cell(run: Run | None, metric: str) -> list[str]:
         return [f"error: {run.error}", "-", "-", "-"]
     pick = f"{run.pick} [{run.backend} {run.precision}, {run.numerics}]"
     speed = "-" if run.alone_speedup is None else f"**{run.alone_speedup:.2f}x**"
+    if run.side_speedup is not None and run.side_speedup_ci95 is not None:
+        lo, hi = run.side_speedup_ci95
+        speed += f"; side by side {run.side_speedup:.2f}x ({lo:.2f}-{hi:.2f})"
     if run.lto_speedup is not None:
-        speed += f" (lto: {run.lto_speedup:.2f}x)"
+        speed += f"; lto's own {run.lto_speedup:.2f}x"
     score = "-" if run.metric_score is None else f"{metric} {run.metric_score:.4g}"
     verdict = "-" if run.metric_passed is None else ("pass" if run.metric_passed else "**FAIL**")
     left = "; ".join(run.unverified) or "-"
@@ -376,8 +396,8 @@ def markdown(rows: list[Row]) -> str:
             lines.append(f"ORT defaults alone: p50 {float(np.median(r.ort_default_alone_p50_ms)):.3g} ms")
             lines.append("")
         lines += [
-            "| data given | lto's pick [runtime precision, numerics] | speedup alone (lto's own) "
-            "| task metric, fresh rows | lto's exit; left unverified |",
+            "| data given | lto's pick [runtime precision, numerics] | speedup alone; side by side; "
+            "lto's own | task metric, fresh rows | lto's exit; left unverified |",
             "|---|---|---|---|---|",
         ]
         for mode, run in r.runs.items():
@@ -400,7 +420,8 @@ def markdown(rows: list[Row]) -> str:
         lines.append("")
     lines.append(
         "Speedup alone: median p50 of ORT defaults over the artifact's, each side `lto bench` in a fresh "
-        "process, alternated; lto's own figure is its final side-by-side comparison. The task metric "
+        "process, alternated; side by side: `lto bench --artifact ART --compare MODEL` (95% CI); lto's own "
+        "figure is its final side-by-side comparison. The task metric "
         "compares the artifact's outputs with the original's on fresh rows that neither calibrated nor "
         "judged anything."
     )

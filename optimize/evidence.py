@@ -124,7 +124,7 @@ def is_lossy(precision: str) -> bool:
 def numerics_of_precision(precision: str) -> str:
     """quantized, reduced, or "" for an fp32 candidate (exact or reassociated: see numerics)."""
     p = precision.lower()
-    if any(q in p for q in ("int8", "int4", "uint8", "fp8", "int16")):
+    if any(q in p for q in ("int8", "int4", "fp8", "int16")):
         return "quantized"
     if any(r in p for r in ("bf16", "fp16", "f16", "tf32")):
         return "reduced"
@@ -248,19 +248,24 @@ def _ctc(rows: np.ndarray) -> tuple[bool, str, str]:
     return True, f"{len(set(decoded))} different decodes over {len(decoded)} sequences, {empty} empty", ""
 
 
+def _firm_score(th: Thresholds | None) -> float:
+    """The score at which a detection counts firmly: the threshold plus the borderline margin."""
+    return (th.detection_score if th is not None else 0.25) + DETECTION_MARGIN
+
+
 def _detection(rows: np.ndarray, choice: MetricChoice, th: Thresholds | None) -> tuple[bool, str, str]:
-    score = th.detection_score if th is not None else 0.25
+    firm_score = _firm_score(th)
     firm, images = 0, 0
     for image in rows:
         candidates = image if choice.fields_last else image.T
         _, _, scores = detections(candidates, choice.objectness)
-        found = int(np.count_nonzero(scores >= score + DETECTION_MARGIN))
+        found = int(np.count_nonzero(scores >= firm_score))
         firm += found
         images += found > 0
     if firm < MIN_DETECTIONS:
         return (
             False,
-            f"the original detects {firm} object(s) above score {score + DETECTION_MARGIN:g} on {len(rows)} "
+            f"the original detects {firm} object(s) above score {firm_score:g} on {len(rows)} "
             f"rows: too few to tell whether a candidate keeps them",
             f"rows in which the original detects objects (at least {MIN_DETECTIONS} in all)",
         )
@@ -283,7 +288,7 @@ def _score_fields(rows: np.ndarray, th: Thresholds | None) -> tuple[bool, str, s
         return None
     scores = flat[:, 4:]
     score = scores[:, 0] * scores[:, 1:].max(axis=1) if scores.shape[1] > 1 else scores[:, 0]
-    threshold = (th.detection_score if th is not None else 0.25) + DETECTION_MARGIN
+    threshold = _firm_score(th)
     firm = int(np.count_nonzero(score >= threshold))
     if firm >= MIN_DETECTIONS:
         return None

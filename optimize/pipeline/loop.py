@@ -22,7 +22,7 @@ import numpy as np
 from optimize.accuracy import FEW_SAMPLES, AccuracyResult, MetricError, UserMetric, accuracy_json, check
 from optimize.bench import Comparison, Measurement
 from optimize.errors import UsageError, first_line
-from optimize.evidence import Evidence, assess, numerics
+from optimize.evidence import MIN_ROWS, Evidence, assess, numerics
 from optimize.pipeline import judge, rows
 from optimize.pipeline.isolation import run_in_child
 from optimize.pipeline.request import (
@@ -127,16 +127,26 @@ class Pipeline:
         self._deadline = self.started + request.time_budget_s if request.time_budget_s else None
         self.results: list[dict[str, Any]] = []
         # Set by _prepare_inputs and _choose_metrics, before any candidate is checked.
-        self.samples: list[dict[str, np.ndarray]] = []
-        self.sample_source = ""
-        self.labels: dict[str, np.ndarray] | None = None
-        self.choices: dict[str, MetricChoice] = {}
         self.rows = rows.RowPlan([], "", False)
+        self.choices: dict[str, MetricChoice] = {}
         self.evidence: Evidence | None = None
         self.user_metric: UserMetric | None = None
         self._loaded: dict[str, Stage | StageSkipped] = {}
 
     # -- helpers --------------------------------------------------------------------------------
+
+    @property
+    def samples(self) -> list[dict[str, np.ndarray]]:
+        """The judging rows (optimize/pipeline/rows.py)."""
+        return self.rows.samples
+
+    @property
+    def labels(self) -> dict[str, np.ndarray] | None:
+        return self.rows.labels
+
+    @property
+    def sample_source(self) -> str:
+        return self.rows.source
 
     def _log(self, text: str) -> None:
         self.logs.append(text)
@@ -266,13 +276,12 @@ class Pipeline:
         if plan.calibration_file is not None:
             for spec in self._calibration_readers():
                 spec.options["calib_data"] = str(plan.calibration_file)
-        if plan.real and len(plan.samples) < FEW_SAMPLES:
+        if plan.real and MIN_ROWS <= len(plan.samples) < FEW_SAMPLES:  # fewer: rows.py said so
             self._warn(
                 f"accuracy is judged on {len(plan.samples)} samples ({plan.source}), fewer than "
                 f"{FEW_SAMPLES}: a rare failure can pass unseen; give more rows"
             )
         self.rows = plan
-        self.samples, self.labels, self.sample_source = plan.samples, plan.labels, plan.source
 
     def _real_calibration_rows(self, model_path: Path, specs: list[Any]) -> rows.RealRows | None:
         """--calib-data, or --data turned into rows, read and checked against the model now (the
@@ -857,7 +866,6 @@ class Pipeline:
             "thresholds": self.recipe.accuracy.to_json(),
             "metrics": {name: choice.to_json() for name, choice in self.choices.items()},
             "sample_source": self.sample_source,
-            "numerics": best_numerics,
             "rows": self.rows.purposes,
         }
         if self.evidence is not None:

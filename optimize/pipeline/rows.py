@@ -142,7 +142,7 @@ def plan_rows(
                 "to judge accuracy: give more rows",
             )
         plan = RowPlan(samples, source, True, data.labels or None, warnings=warnings)
-        plan.purposes["judge"] = {"flag": "--eval-data", "file": str(eval_data), "samples": len(samples)}
+        plan.purposes["judge"] = _part("--eval-data", eval_data, len(samples))
         if calibration is not None:
             plan.purposes["calibration"] = _whole(calibration)
             if calibration.restacked:
@@ -161,23 +161,19 @@ def plan_rows(
         source = f"--input-data {Path(input_data).name} ({len(data.samples)} samples)"
         if len(data.samples) < MIN_ROWS:
             warnings.append(
-                f"accuracy is judged on {len(data.samples)} real sample(s) ({source}): enough to check "
+                f"accuracy is judged on {len(data.samples)} samples ({source}): real, enough to check "
                 f"fp32 candidates, too few to verify a reduced or quantized one (at least {MIN_ROWS}); "
                 f"give --eval-data, or --calib-data with at least {2 * MIN_ROWS} samples"
             )
         plan = RowPlan(data.samples, source, True, warnings=warnings)
-        plan.purposes["judge"] = {
-            "flag": "--input-data",
-            "file": str(input_data),
-            "samples": len(data.samples),
-        }
+        plan.purposes["judge"] = _part("--input-data", input_data, len(data.samples))
         plan.notes.append(f"rows: accuracy is judged on {source}")
         return plan
 
     samples, how = generated()
     source = f"generated ({how})"
     plan = RowPlan(samples, source, False, warnings=warnings)
-    plan.purposes["judge"] = {"flag": None, "generated": how, "samples": len(samples)}
+    plan.purposes["judge"] = _part(None, None, len(samples), generated=how)
     plan.notes.append(
         f"rows: no real rows given; accuracy is judged on {source}, which cannot verify a reduced or "
         "quantized candidate"
@@ -185,8 +181,13 @@ def plan_rows(
     return plan
 
 
+def _part(flag: str | None, path: Path | None, samples: int, **more: Any) -> dict[str, Any]:
+    """What a set of rows did, for the report: the flag, the file and how many samples."""
+    return {"flag": flag, "file": str(path) if path is not None else None, "samples": samples, **more}
+
+
 def _whole(rows: RealRows) -> dict[str, Any]:
-    return {"flag": rows.flag, "file": str(rows.path), "samples": len(rows.samples)}
+    return _part(rows.flag, rows.path, len(rows.samples))
 
 
 def _calibration_words(rows: RealRows | None) -> str:
@@ -237,8 +238,8 @@ def _split_plan(
     source = f"{name}, {len(judged)} of its {count} samples held out from calibration"
     plan = RowPlan(judged, source, True, warnings=warnings)
     plan.calibration_file = _write_calibration(calibration, specs, workdir / "calib-data.npz")
-    plan.purposes["judge"] = {**_whole(rows), "samples": len(judged), "indices": judge_idx}
-    plan.purposes["calibration"] = {**_whole(rows), "samples": len(calib_idx), "indices": calib_idx}
+    plan.purposes["judge"] = _part(rows.flag, rows.path, len(judged), indices=judge_idx)
+    plan.purposes["calibration"] = _part(rows.flag, rows.path, len(calib_idx), indices=calib_idx)
     plan.purposes["split_seed"] = seed
     plan.notes.append(
         f"rows: {name} split with seed {seed}: accuracy is judged on samples {index_ranges(judge_idx)} "

@@ -128,7 +128,8 @@ def test_on_real_rows_that_can_tell_the_int8_ships_with_its_evidence(tmp_path: P
     )
     assert result.best.label == "fake-int8" and result.exit_code == EXIT_TARGET_MET
     accuracy = result.report["optimize"]["accuracy"]
-    assert accuracy["numerics"] == "quantized" and accuracy["evidence"]["can_tell"] is True
+    assert result.report["optimize"]["best"]["numerics"] == "quantized"
+    assert accuracy["evidence"]["can_tell"] is True
     assert accuracy["evidence"]["outputs"]["logits"]["metric"] == "classifier"
     assert accuracy["rows"]["judge"]["flag"] == "--eval-data" and accuracy["rows"]["judge"]["samples"] == 16
     assert load_artifact(tmp_path / "out").precision == "int8"
