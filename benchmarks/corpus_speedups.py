@@ -187,9 +187,10 @@ def bench_side_by_side(model: Path, art: Path, inputs: Path, seconds: float, run
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         raise RuntimeError(one_line_error(proc.stderr, proc.returncode))
-    comparison = json.loads(proc.stdout)["comparison"]  # ratio = artifact / original
+    # A is the artifact, B the original: the ratio B/A is the original's latency over the artifact's.
+    comparison = json.loads(proc.stdout)["comparison"]
     lo, hi = comparison["ratio_ci95"]
-    run.side_speedup, run.side_speedup_ci95 = 1.0 / comparison["ratio"], (1.0 / hi, 1.0 / lo)
+    run.side_speedup, run.side_speedup_ci95 = float(comparison["ratio"]), (float(lo), float(hi))
 
 
 def bench_alone(target: list[str], inputs: Path, seconds: float) -> float:
