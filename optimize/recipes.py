@@ -151,6 +151,8 @@ _BENCH_KEYS: dict[str, Any] = {
     "target_ci_rel": float,
     "chunk_s": float,
     "settle_s": float,
+    "block_s": float,
+    "settle_max_s": float,
 }
 _DECISION_KEYS: dict[str, Any] = {"min_improvement": float}
 # Stage options that are thread counts (memory-layout, tvm-tune): bounded like --threads.

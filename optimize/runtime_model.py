@@ -45,6 +45,12 @@ class RuntimeModel:
 
         return open_backend(self.backend, self.model_path, {**self.runtime_config, **(overrides or {})})
 
+    def open_in_worker(self, overrides: dict[str, Any] | None = None) -> Backend:
+        """Load it in a worker process of its own, for timing one runtime per process."""
+        from optimize.runtimes.subprocess import open_in_worker
+
+        return open_in_worker(self.backend, self.model_path, {**self.runtime_config, **(overrides or {})})
+
 
 def resolve_model(path: str | Path, backend: str | None = None, label: str | None = None) -> RuntimeModel:
     """A folder is an artifact (verified: file hashes, CPU compatibility); a file is run on

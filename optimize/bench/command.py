@@ -54,8 +54,8 @@ def parse_batches(text: str | None) -> list[int]:
 
 
 @contextmanager
-def opened(target: RuntimeModel, overrides: dict[str, Any]) -> Iterator[Backend]:
-    backend = target.open(overrides)
+def opened(target: RuntimeModel, overrides: dict[str, Any], in_worker: bool = False) -> Iterator[Backend]:
+    backend = target.open_in_worker(overrides) if in_worker else target.open(overrides)
     try:
         yield backend
     finally:
@@ -126,7 +126,9 @@ def run_bench(request: BenchRequest, progress: Progress | None = None) -> dict[s
 
 
 def run_compare(request: BenchRequest, progress: Progress | None = None) -> dict[str, Any]:
-    """Measure two targets interleaved (A B B A ...) and report the ratio with its CI."""
+    """Measure two targets interleaved (A B B A ...) and report the ratio with its CI. Each runs
+    in a worker process of its own (optimize.bench.apart), as each would be deployed: two
+    runtimes, or two thread-pool settings, in one process slow each other unevenly."""
     assert request.compare_with is not None
     if request.repeat > 1:
         raise UsageError(
@@ -138,7 +140,8 @@ def run_compare(request: BenchRequest, progress: Progress | None = None) -> dict
     batch = request.batches[0] if request.batches else None
     if len(request.batches) > 1:
         raise UsageError("--compare measures one batch size", "give a single --batch with --compare")
-    with opened(target_a, request.runtime_overrides) as a, opened(target_b, request.runtime_overrides) as b:
+    overrides = request.runtime_overrides
+    with opened(target_a, overrides, in_worker=True) as a, opened(target_b, overrides, in_worker=True) as b:
         spec_a, feeds_a = target_inputs(target_a, a, request, batch)
         spec_b, feeds_b = target_inputs(target_b, b, request, batch)
         if spec_a.shapes() != spec_b.shapes():

@@ -46,6 +46,11 @@ class BenchSettings:
     # without the pause ORT int8 read 3.51x over ORT fp32 (alone 1.77x) and OpenVINO bf16
     # 2.44x (alone 2.85x); with 20 ms, 1.79x and 2.88x.
     settle_s: float = 0.02
+    # Comparisons with each side in its own worker process (optimize.bench.apart): blocks of
+    # about block_s per side, each started once the other workers' threads have gone idle, or
+    # after settle_max_s at most (the wait and what the idle side still used are reported).
+    block_s: float = 0.2
+    settle_max_s: float = 0.5
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -221,6 +226,8 @@ class Comparison:
     chunks: int
     chunk_runs: tuple[int, int] = (0, 0)  # runs per chunk of A and of B
     ci_method: str = ""
+    # Each side in its own worker (optimize.bench.apart): how apart they were. None: one process.
+    isolation: dict[str, Any] | None = None
 
     @property
     def b_faster(self) -> bool:
@@ -244,6 +251,8 @@ class Comparison:
             "chunk_runs": list(self.chunk_runs),
             "first_in_even_chunks": "A",
             "ci_method": self.ci_method,
+            "process": "own worker per side" if self.isolation is not None else "one process",
+            **({"isolation": self.isolation} if self.isolation is not None else {}),
         }
 
 
@@ -259,9 +268,18 @@ def compare(
 ) -> Comparison:
     """Run A and B interleaved in short chunks (A B B A A B ...) so drift hits both alike.
 
-    Stops when both medians' CIs are within `target_ci_rel`, or at the run/time budget.
+    When both sides are hosted in worker processes, each runs in its own and the parent runs
+    nothing (optimize.bench.apart): the figure a user running one of them per process sees.
+    Otherwise both run here, in this process. Stops when the ratio's CI is within
+    `target_ci_rel`, or at the run/time budget.
     """
     settings = settings or BenchSettings()
+    from optimize.bench.apart import compare_apart, worker_of
+
+    if worker_of(a) is not None and worker_of(b) is not None:
+        feeds_b = feeds_a if feeds_b is None else feeds_b
+        apart = compare_apart([a, b], [feeds_a, feeds_b], settings, labels, metric, progress)
+        return apart.comparison(0, 1)
     feeds_b = feeds_a if feeds_b is None else feeds_b
     a.check_feeds(feeds_a)
     b.check_feeds(feeds_b)
@@ -371,9 +389,11 @@ def measure_where_it_runs(
     settings: BenchSettings | None = None,
     label: str = "model",
     batch_size: int | None = None,
+    progress: Callable[[int, float], None] | None = None,
 ) -> Measurement:
-    """`measure`, run inside the process that hosts the model (a TVM library isolated in a
-    child, say), so that the inter-process round trip is not in the figure."""
+    """`measure`, run inside the process that hosts the model (a worker of its own, a TVM
+    library isolated in a child), so that the inter-process round trip is not in the figure.
+    `progress` is called only when the model runs here (a worker cannot call back mid-run)."""
     from optimize.runtimes.subprocess import SubprocessBackend
 
     host = backend if isinstance(backend, SubprocessBackend) else getattr(backend, "host", None)
@@ -381,4 +401,4 @@ def measure_where_it_runs(
         return host.call_in_child(  # type: ignore[no-any-return]
             "optimize.bench.engine:measure", dict(feeds), settings, label, batch_size
         )
-    return measure(backend, feeds, settings, label=label, batch_size=batch_size)
+    return measure(backend, feeds, settings, label=label, batch_size=batch_size, progress=progress)

@@ -48,7 +48,9 @@ def bench(
         None, "--batch", "-b", help="Batch size(s) for a dynamic leading dim: 1 or 1,8,32 (default 1)."
     ),
     compare: Path | None = typer.Option(
-        None, "--compare", help="Measure against another model/artifact, interleaved."
+        None,
+        "--compare",
+        help="Measure against another model/artifact: each in its own process, alternated in blocks.",
     ),
     backend: str | None = typer.Option(
         None, "--backend", help="Runtime for a model file (default onnxruntime)."

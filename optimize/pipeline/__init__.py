@@ -5,17 +5,18 @@ candidates. After every candidate:
 
 1. it is loaded as its own backend from its files with its runtime configuration;
 2. its outputs on every accuracy sample are checked against the baseline's (`optimize.accuracy`);
-3. it is benchmarked interleaved with the best so far (`optimize.bench.compare`) and kept only when
-   the ratio candidate/best at the target percentile is below 1 - min_improvement AND the upper
-   end of its 95% CI is below 1 (faster with confidence).
+3. it is benchmarked side by side with the best so far and the baseline, each in a worker process
+   of its own (`optimize.bench.apart`), and kept only when the ratio candidate/best at the target
+   percentile is below 1 - min_improvement AND the upper end of its 95% CI is below 1 (faster with
+   confidence), twice, the second time on fresh processes.
 
 A stage that raises is recorded as failed and one that cannot handle the model as skipped; the
 run goes on with the best so far, and always ends with the best accurate candidate (the original
 model, on ONNX Runtime defaults, when nothing won).
 
-Speedups in the per-stage table are chained: the best-so-far's speedup times 1/ratio of the
-candidate against it (each ratio measured interleaved). The final line compares the artifact
-with the baseline directly, side by side, in the same run.
+Every speedup in the per-stage table is measured: the candidate against the baseline in the same
+comparison as its ratio to the best, never a product of ratios. The headline is the artifact's
+own row's confirmed figure (docs/measurement.md).
 
 The package, by role:
     request.py    what the user asked for, checked before any work; the recipe with the CLI's overrides

@@ -166,13 +166,16 @@ def search_done(spec: StageSpec, target_ms: float | None, best_ms: float) -> boo
 def judge_candidate(
     record: StageRecord,
     comparison: Comparison,
+    versus_baseline: Comparison,
     *,
     metric: str,
     best_label: str,
-    best_speedup: float,
     min_improvement: float,
 ) -> None:
-    """Keep when faster by the recipe's minimum and with 95% confidence; say why not otherwise."""
+    """Keep when faster than the best by the recipe's minimum and with 95% confidence; say why not
+    otherwise. The speedup recorded is the one measured against the baseline in the same run
+    (`versus_baseline`, the same comparison while the best is the baseline), never a product of
+    ratios: chained ratios carry every earlier comparison's error and bias into one figure."""
     ratio = float(comparison.ratio)
     lo, hi = (float(x) for x in comparison.ratio_ci95)
     lat, ref = comparison.b.latency, comparison.a.latency
@@ -182,13 +185,16 @@ def judge_candidate(
         "latency_ms": {"p50": ref["p50"], "p99": ref["p99"], metric: ref[metric]},
     }
     record.ratio, record.ratio_ci95 = ratio, (lo, hi)
-    record.speedup = best_speedup / ratio if ratio > 0 else None
+    base_ratio = float(versus_baseline.ratio)
+    base_lo, base_hi = (float(x) for x in versus_baseline.ratio_ci95)
+    record.speedup = 1.0 / base_ratio if base_ratio > 0 else None
+    record.speedup_ci95 = (1.0 / base_hi, 1.0 / base_lo) if base_lo > 0 else None
     figures = f"{metric} ratio {ratio:.3f}, CI {lo:.3f}–{hi:.3f}"
     if hi < 1.0 and ratio <= 1.0 - min_improvement:
         record.status = "kept"
         record.reason = f"{1 / ratio:.2f}x faster than {best_label} ({figures})"
         if "confirmation" in record.details:
-            record.reason += ", confirmed on fresh sessions"
+            record.reason += ", confirmed on fresh processes"
         return
     record.status = "rejected"
     if lo > 1.0:
@@ -207,8 +213,8 @@ RUNOFF_MAX = 2
 def runoff_candidates(
     runners_up: Sequence[tuple[Candidate, float | None]], best: Candidate, best_speedup: float
 ) -> list[Candidate]:
-    """Accurate candidates rejected as not faster than an earlier best whose chained speedup
-    estimate comes within RUNOFF_FRACTION of the final best's: the few worth measuring against it,
+    """Accurate candidates rejected as not faster than an earlier best whose measured speedup
+    over the baseline comes within RUNOFF_FRACTION of the final best's: the few worth measuring against it,
     most promising first."""
     close = [
         (speedup, cand)

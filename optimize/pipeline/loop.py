@@ -1,8 +1,15 @@
 """The run of `lto optimize`: baseline, stages in recipe order, every candidate checked and
-measured against the best so far, then the artifact.
+measured against the best so far and the baseline, then the artifact.
 
 The loop loads and measures (through the bench engine only); `judge` decides; `summary` writes
 the report. A stage only proposes candidates (STYLE.md).
+
+Accuracy checks run the models in this process. Every timing runs each side in a worker process
+of its own, one runtime per process as a user deploys it (optimize.bench.apart): the baseline's
+worker lives for the whole run, the best's until a better one replaces it, and each candidate
+gets its own. A candidate's comparison times it, the best so far and the baseline side by side,
+so its speedup over the baseline is measured, not chained through ratios, and the artifact's
+headline speedup is the figure its own row carries.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import numpy as np
 
 from optimize.accuracy import FEW_SAMPLES, AccuracyResult, MetricError, UserMetric, accuracy_json, check
 from optimize.bench import Comparison, Measurement
+from optimize.bench.apart import ApartRun
 from optimize.errors import UsageError, first_line
 from optimize.evidence import MIN_ROWS, Evidence, assess, numerics
 from optimize.pipeline import judge, rows
@@ -58,8 +66,9 @@ SESSION_ONLY_SETTINGS = {
     "graph_optimization_level",
 }
 
-MeasureFn = Callable[..., Any]  # optimize.bench.measure's signature
-CompareFn = Callable[..., Any]  # optimize.bench.compare's signature
+MeasureFn = Callable[..., Any]  # optimize.bench.measure_where_it_runs's signature
+CompareFn = Callable[..., ApartRun]  # optimize.bench.apart.compare_apart's signature
+WorkerFn = Callable[[Candidate], Backend]  # a candidate loaded in a worker process of its own
 StageFactory = Callable[[str], Stage]
 
 
@@ -76,20 +85,34 @@ def _working_directory(path: Path) -> Iterator[None]:
 class _BestSoFar:
     """The best candidate so far and what goes with it, changed only through adopt()."""
 
-    def __init__(self, baseline: Candidate, backend: Backend) -> None:
+    def __init__(self, baseline: Candidate) -> None:
         self.candidate = baseline
-        self.backend = backend
+        # Its worker process (None while the best is the baseline: the baseline's own worker).
+        self.worker: Backend | None = None
         self.speedup = 1.0
+        self.speedup_ci = (1.0, 1.0)
+        # The comparison with the baseline its speedup comes from (None for the baseline).
+        self.versus_baseline: Comparison | None = None
         self.accuracy = AccuracyResult(True, "", {})
         self.kept_chain: list[dict[str, Any]] = []
         self.standard = baseline  # the best standard-op candidate (for TVM / TensorRT / OpenVINO)
 
-    def adopt(self, cand: Candidate, backend: Backend, speedup: float, accuracy: AccuracyResult) -> None:
-        self.backend.close()
-        self.candidate, self.backend, self.speedup, self.accuracy = cand, backend, speedup, accuracy
+    def adopt(
+        self, cand: Candidate, worker: Backend, versus_baseline: Comparison, accuracy: AccuracyResult
+    ) -> None:
+        self.close()
+        self.candidate, self.worker, self.accuracy = cand, worker, accuracy
+        self.versus_baseline = versus_baseline
+        lo, hi = versus_baseline.ratio_ci95
+        self.speedup, self.speedup_ci = 1.0 / versus_baseline.ratio, (1.0 / hi, 1.0 / lo)
         self.kept_chain.append({"stage": cand.label, **cand.details})
         if cand.standard_ops:
             self.standard = cand
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
 
 
 class Pipeline:
@@ -104,18 +127,21 @@ class Pipeline:
         stage_factory: StageFactory | None = None,
         measure_fn: MeasureFn | None = None,
         compare_fn: CompareFn | None = None,
+        open_worker_fn: WorkerFn | None = None,
         progress: Progress | None = None,
         recipe_notes: Sequence[str] = (),
     ) -> None:
         from optimize import bench
+        from optimize.bench.apart import compare_apart
         from optimize.runtimes import load_stage
 
         self.request = request
         self.recipe = recipe
         self.model_kind = model_kind
         self.stage_factory = stage_factory or load_stage
-        self.measure_fn = measure_fn or bench.measure
-        self.compare_fn = compare_fn or bench.compare
+        self.measure_fn = measure_fn or bench.measure_where_it_runs
+        self.compare_fn = compare_fn or compare_apart
+        self.open_worker_fn = open_worker_fn
         self.progress = progress or Progress()
         self.settings = bench.BenchSettings(**recipe.bench)
         self.metric = request.target_percentile
@@ -158,6 +184,14 @@ class Pipeline:
         from optimize.runtimes import open_backend
 
         return open_backend(candidate.backend, candidate.model_path, candidate.runtime_config)
+
+    def _open_worker(self, candidate: Candidate) -> Backend:
+        """The candidate in a worker process of its own, for timing (see the module docstring)."""
+        from optimize.runtimes.subprocess import open_in_worker
+
+        if self.open_worker_fn is not None:
+            return self.open_worker_fn(candidate)
+        return open_in_worker(candidate.backend, candidate.model_path, candidate.runtime_config)
 
     def _outputs_of(self, backend: Backend) -> list[dict[str, np.ndarray]]:
         return [backend.run(sample) for sample in self.samples]
@@ -386,12 +420,19 @@ class Pipeline:
                     f"the original model is not deterministic on the same input ({repeat.reason}); "
                     "accuracy checks compare against one run of it"
                 )
-            base_meas = self.measure_fn(
-                base_backend, self.feeds, self.settings, "baseline",
-                progress=self._bench_progress("baseline: measuring"),
-            )  # fmt: skip
         finally:
             base_backend.close()
+        self.baseline = baseline
+        self.progress.status("baseline: starting its worker process")
+        self.base_worker = self._open_worker(baseline)
+        try:
+            base_meas = self.measure_fn(
+                self.base_worker, self.feeds, self.settings, "baseline",
+                progress=self._bench_progress("baseline: measuring"),
+            )  # fmt: skip
+        except BaseException:
+            self.base_worker.close()
+            raise
         self.results.append(base_meas.to_json())
         base_record = StageRecord(
             stage="baseline",
@@ -412,7 +453,7 @@ class Pipeline:
         # all read one figure: the best candidate measured alone, as the user's process runs it.
         # Interleaved comparisons inflate both sides' absolute latency on few cores.
         self.best_alone = base_meas
-        best = _BestSoFar(baseline, self._open(baseline))
+        best = _BestSoFar(baseline)
         runners_up: list[tuple[StageSpec, Candidate, StageRecord]] = []
         stop_reason = ""
         if self.request.stop_at_target and self._target_met(self.best_alone, confident=True):
@@ -480,22 +521,22 @@ class Pipeline:
             if not stop_reason:
                 self._runoff(runners_up, best)
         finally:
-            best.backend.close()
-        return self._finish(baseline, base_meas, best.candidate, best.accuracy, best.kept_chain)
+            best.close()
+            self.base_worker.close()
+        return self._finish(baseline, base_meas, best)
 
     def _evaluate_and_adopt(
         self, spec: StageSpec, cand: Candidate, best: _BestSoFar, t_stage: float
     ) -> StageRecord:
         """Check and time `cand` against the best so far; a kept one becomes the best."""
-        outcome = self._evaluate(spec, cand, best.candidate, best.backend, best.speedup)
-        record, cand_backend, comparison, accuracy = outcome
+        record, cand_worker, versus_baseline, accuracy = self._evaluate(spec, cand, best)
         record.elapsed_s = time.monotonic() - t_stage
         self._add(record)
-        if record.status == "kept" and cand_backend is not None and comparison is not None:
-            best.adopt(cand, cand_backend, record.speedup or best.speedup, accuracy)
-            self.best_alone = self._measure_alone(cand, cand_backend)
-        elif cand_backend is not None:
-            cand_backend.close()
+        if record.status == "kept" and cand_worker is not None and versus_baseline is not None:
+            best.adopt(cand, cand_worker, versus_baseline, accuracy)
+            self.best_alone = self._measure_alone(cand, cand_worker)
+        elif cand_worker is not None:
+            cand_worker.close()
         return record
 
     def _runoff(self, runners_up: list[tuple[StageSpec, Candidate, StageRecord]], best: _BestSoFar) -> None:
@@ -670,8 +711,9 @@ class Pipeline:
         return StageRecord(spec.name, spec.name, "failed", first_line(exc), details=details)
 
     def _evaluate(
-        self, spec: StageSpec, cand: Candidate, best: Candidate, best_backend: Backend, best_speedup: float
+        self, spec: StageSpec, cand: Candidate, best: _BestSoFar
     ) -> tuple[StageRecord, Backend | None, Comparison | None, AccuracyResult]:
+        """(record, the candidate's worker when kept, its comparison with the baseline, accuracy)."""
         record = StageRecord(
             stage=spec.name,
             label=cand.label,
@@ -694,69 +736,103 @@ class Pipeline:
             self.progress.status(f"{cand.label}: checking accuracy on {len(self.samples)} samples")
             accuracy = self._check_backend(backend, cand)
         except (KeyboardInterrupt, SystemExit, MetricError):  # the user's --metric broke: a usage error
-            backend.close()
             raise
         except Exception as exc:
-            backend.close()
             record.reason = f"the candidate does not run: {first_line(exc)}"
             return record, None, None, no_acc
+        finally:
+            backend.close()  # timing runs in worker processes, never beside this one
         record.accuracy = accuracy_json(accuracy)
         record.numerics = self._numerics(cand, accuracy)
         if not accuracy.ok:
             record.status = "rejected"
             record.reason = f"inaccurate: {accuracy.reason}"
-            backend.close()
             return record, None, None, accuracy
-        self.progress.status(f"{cand.label}: benchmarking against {best.label}")
+        self.progress.status(f"{cand.label}: benchmarking against {best.candidate.label}")
         try:
-            comparison = self._compare(best_backend, backend, best.label, cand.label)
+            worker, versus_best, versus_baseline = self._side_by_side(best, cand, fresh=False)
         except (KeyboardInterrupt, SystemExit):
-            backend.close()
             raise
         except Exception as exc:
-            backend.close()
             record.reason = f"benchmarking failed: {first_line(exc)}"
             return record, None, None, accuracy
-        record.details["comparison"] = comparison.to_json()
-        self._judge(record, comparison, best.label, best_speedup)
+        record.details["comparison"] = versus_best.to_json()
+        if versus_baseline is not versus_best:
+            record.details["comparison_with_baseline"] = versus_baseline.to_json()
+        self._judge(record, versus_best, versus_baseline, best.candidate.label)
         if accuracy.unverified:
             # Measured so the report can say what verifying it would gain; never adopted, so no
             # confirmation run is spent on it.
             judge.hold_unverified(record, accuracy)
-            backend.close()
+            worker.close()
             return record, None, None, accuracy
+        worker.close()
         if record.status != "kept":
-            return record, backend, comparison, accuracy
+            return record, None, None, accuracy
 
-        # Two sessions of the same model can differ by a few percent for the life of the process
+        # Two processes of the same model can differ by a few percent for their whole life
         # (memory placement), and that bias is invisible to one comparison's CI. A win must
-        # therefore repeat on a fresh pair of sessions before the candidate is kept.
-        first = comparison
-        backend.close()
-        self.progress.status(f"{cand.label}: confirming on fresh sessions")
-        fresh_best: Backend | None = None
+        # therefore repeat on fresh processes, the baseline's included, before it is kept.
+        first = versus_best
+        self.progress.status(f"{cand.label}: confirming on fresh processes")
         try:
-            fresh_best = self._open(best)
-            backend = self._open(cand)
-            comparison = self._compare(fresh_best, backend, best.label, cand.label)
+            worker, versus_best, versus_baseline = self._side_by_side(best, cand, fresh=True)
         except (KeyboardInterrupt, SystemExit):
-            backend.close()
             raise
         except Exception as exc:
-            backend.close()
             record.status, record.reason = "failed", f"confirmation benchmark failed: {first_line(exc)}"
             return record, None, None, accuracy
-        finally:
-            if fresh_best is not None:
-                fresh_best.close()
-        record.details["confirmation"] = comparison.to_json()
-        self._judge(record, comparison, best.label, best_speedup)
+        record.details["confirmation"] = versus_best.to_json()
+        if versus_baseline is not versus_best:
+            record.details["confirmation_with_baseline"] = versus_baseline.to_json()
+        self._judge(record, versus_best, versus_baseline, best.candidate.label)
         if record.status != "kept":
+            worker.close()
             record.reason = (
-                f"the first measurement's gain (ratio {first.ratio:.3f}) did not repeat on fresh sessions: "
+                f"the first measurement's gain (ratio {first.ratio:.3f}) did not repeat on fresh processes: "
                 + record.reason
             )
-        return record, backend, comparison, accuracy
+            return record, None, None, accuracy
+        return record, worker, versus_baseline, accuracy
+
+    def _side_by_side(
+        self, best: _BestSoFar, cand: Candidate, fresh: bool
+    ) -> tuple[Backend, Comparison, Comparison]:
+        """Time the candidate, the best so far and the baseline, each in its own worker, side by
+        side. `fresh`: in new processes, the baseline's and the best's too. Returns the
+        candidate's worker (the caller owns it), its comparison with the best and with the
+        baseline (the same one while the best is the baseline)."""
+        opened: list[Backend] = []  # fresh workers closed here; the candidate's goes to the caller
+
+        def worker_for(candidate: Candidate, kept: Backend | None) -> Backend:
+            if kept is not None and not fresh:
+                return kept
+            opened.append(self._open_worker(candidate))
+            return opened[-1]
+
+        try:
+            sides = [worker_for(self.baseline, self.base_worker)]
+            labels = ["baseline"]
+            if best.worker is not None:
+                sides.append(worker_for(best.candidate, best.worker))
+                labels.append(best.candidate.label)
+            sides.append(worker_for(cand, None))
+            labels.append(cand.label)
+            run = self.compare_fn(
+                sides, [self.feeds] * len(sides), self.settings, labels, self.metric,
+                self._bench_progress(f"{cand.label} vs {best.candidate.label}"),
+            )  # fmt: skip
+        except BaseException:
+            for backend in opened:
+                backend.close()
+            raise
+        worker = sides[-1]
+        for backend in opened[:-1]:
+            backend.close()
+        cand_i = len(sides) - 1
+        versus_baseline = run.comparison(0, cand_i)
+        versus_best = run.comparison(cand_i - 1, cand_i) if cand_i == 2 else versus_baseline
+        return worker, versus_best, versus_baseline
 
     def _numerics(self, cand: Candidate, accuracy: AccuracyResult) -> str:
         """exact only for the original graph under session settings alone, seen bit for bit equal."""
@@ -771,71 +847,45 @@ class Pipeline:
         )
         return numerics(cand.precision, same_graph, identical)
 
-    def _compare(self, a: Backend, b: Backend, label_a: str, label_b: str) -> Comparison:
-        return self.compare_fn(
-            a, b, self.feeds, self.feeds, self.settings,
-            labels=(label_a, label_b), metric=self.metric,
-            progress=self._bench_progress(f"{label_b} vs {label_a}"),
-        )  # fmt: skip
-
     def _judge(
-        self, record: StageRecord, comparison: Comparison, best_label: str, best_speedup: float
+        self, record: StageRecord, versus_best: Comparison, versus_baseline: Comparison, best_label: str
     ) -> None:
         judge.judge_candidate(
             record,
-            comparison,
+            versus_best,
+            versus_baseline,
             metric=self.metric,
             best_label=best_label,
-            best_speedup=best_speedup,
             min_improvement=self.recipe.min_improvement,
         )
 
     # -- the end --------------------------------------------------------------------------------
 
-    def _finish(
-        self,
-        baseline: Candidate,
-        base_meas: Measurement,
-        best: Candidate,
-        best_accuracy: AccuracyResult,
-        kept_chain: list[dict[str, Any]],
-    ) -> PipelineResult:
+    def _finish(self, baseline: Candidate, base_meas: Measurement, state: _BestSoFar) -> PipelineResult:
         from optimize.artifact import write_artifact
         from optimize.render.markdown import render_markdown
         from optimize.report import write_report
 
+        best, best_accuracy, kept_chain = state.candidate, state.accuracy, state.kept_chain
         final: dict[str, Any] | None = None
-        if best is baseline:
-            speedup, speedup_ci = 1.0, (1.0, 1.0)
-        else:
-            # The headline number: the artifact against the baseline, interleaved, in this run.
-            self.progress.status(f"final: {best.label} vs baseline, side by side")
-            base_backend = self._open(baseline)
-            best_backend = self._open(best)
-            try:
-                comparison = self.compare_fn(
-                    base_backend, best_backend, self.feeds, self.feeds, self.settings,
-                    labels=("baseline", best.label), metric=self.metric,
-                    progress=self._bench_progress("final comparison"),
-                )  # fmt: skip
-            finally:
-                base_backend.close()
-                best_backend.close()
+        speedup, speedup_ci = 1.0, (1.0, 1.0)
+        comparison = state.versus_baseline
+        if best is not baseline and comparison is not None:
+            # The headline is the figure the artifact's own row carries: its comparison with the
+            # baseline in the run that kept it (confirmed on fresh processes). No second figure.
             final = comparison.to_json()
-            speedup = 1.0 / comparison.ratio
-            lo, hi = comparison.ratio_ci95
-            speedup_ci = (1.0 / hi, 1.0 / lo)
+            speedup, speedup_ci = state.speedup, state.speedup_ci
             self.results += [comparison.a.to_json(), comparison.b.to_json()]
-            self.results[-2]["label"] = "baseline (final comparison)"
-            self.results[-1]["label"] = f"{best.label} (final comparison)"
+            self.results[-2]["label"] = f"baseline (beside {best.label}, the artifact)"
+            self.results[-1]["label"] = f"{best.label} (the artifact, beside the baseline)"
             if judge.original_wins_final(comparison):
                 self.warnings.append(
-                    f"{best.label} measured slower than the baseline in the final side-by-side comparison "
+                    f"{best.label} measured slower than the baseline side by side "
                     f"(speedup {speedup:.2f}x, CI {speedup_ci[0]:.2f}–{speedup_ci[1]:.2f}); "
                     "the artifact is the original model"
                 )
                 self._revert(best.label, speedup, speedup_ci)
-                best, best_accuracy, kept_chain = baseline, best_accuracy, []
+                best, kept_chain = baseline, []
                 speedup, speedup_ci = 1.0, (1.0, 1.0)
 
         # The target verdict reads the same figure every target decision of the run read: the
@@ -928,7 +978,7 @@ class Pipeline:
         """The final comparison sent the original back: every kept row says so, in the table and
         as a streamed line, and so does every skip that was decided on a reverted candidate."""
         why = (
-            f"reverted: side by side with the original at the end, {best_label} measured "
+            f"reverted: side by side with the original, {best_label} measured "
             f"{speedup:.2f}x (CI {speedup_ci[0]:.2f}–{speedup_ci[1]:.2f})"
         )
         kept = {r.label for r in self.records if r.status == "kept"}
@@ -951,6 +1001,7 @@ def optimize(
     stage_factory: StageFactory | None = None,
     measure_fn: MeasureFn | None = None,
     compare_fn: CompareFn | None = None,
+    open_worker_fn: WorkerFn | None = None,
     known_stages: Sequence[str] | None = None,
 ) -> PipelineResult:
     """Run `lto optimize` for `request`: choose the recipe, run the pipeline, write the artifact."""
@@ -964,6 +1015,7 @@ def optimize(
         stage_factory=stage_factory,
         measure_fn=measure_fn,
         compare_fn=compare_fn,
+        open_worker_fn=open_worker_fn,
         progress=progress,
         recipe_notes=notes,
     )

@@ -40,7 +40,9 @@ class StageRecord:
     versus: dict[str, Any] | None = None
     ratio: float | None = None  # metric(candidate) / metric(best so far)
     ratio_ci95: tuple[float, float] | None = None
-    speedup: float | None = None  # vs baseline (chained, see module docstring)
+    # vs the baseline, measured in the same side-by-side run as the ratio (never chained)
+    speedup: float | None = None
+    speedup_ci95: tuple[float, float] | None = None
     accuracy: dict[str, Any] | None = None
     details: dict[str, Any] = field(default_factory=dict)
     backend: str | None = None
@@ -61,6 +63,7 @@ class StageRecord:
             "ratio_vs_best": self.ratio,
             "ratio_ci95": list(self.ratio_ci95) if self.ratio_ci95 else None,
             "speedup_vs_baseline": self.speedup,
+            "speedup_ci95": list(self.speedup_ci95) if self.speedup_ci95 else None,
             "accuracy": self.accuracy,
             "details": json_safe(self.details),
             "backend": self.backend,

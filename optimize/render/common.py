@@ -110,3 +110,11 @@ def gate_rows(data: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     if data.get("baseline_written"):
         rows.append(("baseline written", "", str(data["baseline_written"])))
     return rows
+
+
+def pairs_word(comparison: Mapping[str, Any]) -> str:
+    """What one unit of a comparison's interval was: a block pair of two worker processes, or a
+    chunk pair in one process (reports written before December 2026)."""
+    if comparison.get("process") == "own worker per side":
+        return "block pairs, each side in its own process"
+    return "interleaved chunks"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from optimize.render.common import gate_rows, unstable_inputs
+from optimize.render.common import gate_rows, pairs_word, unstable_inputs
 
 # (section, whole report) -> Markdown. The report is passed because some sections need its
 # top-level fields (a load section shows the report's `settings`).
@@ -83,10 +83,10 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         lo, hi = comparison["ratio_ci95"]
         lines += [
             "",
-            "## Comparison (interleaved)",
+            "## Comparison (side by side)",
             "",
             f"{comparison['metric']}({b}) / {comparison['metric']}({a}) = **{comparison['ratio']:.3f}** "
-            f"(95% CI {lo:.3f}–{hi:.3f}) over {comparison['chunks']} interleaved chunks: "
+            f"(95% CI {lo:.3f}–{hi:.3f}) over {comparison['chunks']} {pairs_word(comparison)}: "
             + _verdict_words(lo, hi, a, b),
         ]
     if report.get("warnings"):

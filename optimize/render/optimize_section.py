@@ -104,11 +104,12 @@ def table_rows(section: Mapping[str, Any]) -> list[list[str]]:
 
 TABLE_HEADER = ["stage", "status", "p50 ms", "vs best", "p99 ms", "speedup", "accuracy", "reason"]
 TABLE_NOTE = (
-    "p50/p99 come from each candidate's own interleaved comparison and carry the machine's load at that "
-    'moment; "vs best" is the p50 of the best so far in that same comparison, the figure the row\'s '
-    "verdict compares with. Compare rows by speedup: the baseline's speedup chained through each "
-    "candidate's ratio against the best so far. A candidate is kept only when it is accurate and faster "
-    "by the recipe's minimum with its ratio's 95% CI below 1, twice (the second time on fresh sessions)."
+    "p50/p99 come from each candidate's own side-by-side comparison (every side in its own process, "
+    'one runtime per process) and carry the machine\'s load at that moment; "vs best" is the p50 of '
+    "the best so far in that same comparison, the figure the row's verdict compares with. Compare rows "
+    "by speedup: each candidate's own measured speedup over the baseline, timed in the same run as its "
+    "ratio to the best. A candidate is kept only when it is accurate and faster by the recipe's minimum "
+    "with its ratio's 95% CI below 1, twice (the second time on fresh processes)."
 )
 
 
@@ -175,7 +176,7 @@ def render_markdown_section(section: Mapping[str, Any]) -> str:
         lines.append(
             f"- artifact: `{section['best']['label']}` on {section['best']['backend']}, "
             f"**{section['speedup']:.2f}x** vs the ONNX Runtime default baseline "
-            f"(95% CI {slo:.2f}–{shi:.2f}, measured side by side)"
+            f"(95% CI {slo:.2f}–{shi:.2f}, side by side, each in its own process)"
         )
         acc = section.get("accuracy") or {}
         samples = section.get("accuracy_samples")

@@ -94,15 +94,14 @@ def stage_speedups(section: Mapping[str, Any]) -> Plot | None:
         if not isinstance(speed, (int, float)):
             continue
         lo = hi = float(speed)
-        ratio, ci = stage.get("ratio_vs_best"), stage.get("ratio_ci95")
-        if isinstance(ratio, (int, float)) and ci and ci[0] > 0 and ci[1] > 0:
-            # speedup = (best so far's speedup) / ratio, so the ratio's CI maps through it.
-            lo, hi = speed * ratio / ci[1], speed * ratio / ci[0]
+        ci = stage.get("speedup_ci95")
+        if ci and ci[0] > 0 and ci[1] > 0:
+            lo, hi = float(ci[0]), float(ci[1])
         bars.append((str(stage["label"]), str(stage["status"]), float(speed), lo, hi))
     final = section.get("speedup")
     if isinstance(final, (int, float)) and section.get("best"):
         lo, hi = section.get("speedup_ci95") or (final, final)
-        bars.append((f"artifact: {section['best']['label']} (side by side)", "final", float(final), lo, hi))
+        bars.append((f"artifact: {section['best']['label']}", "final", float(final), lo, hi))
     if not bars:
         return None
     fig = _figure(7.5, max(2.5, 0.45 * len(bars) + 1.2))

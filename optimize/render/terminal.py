@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from optimize.render.common import gate_rows
+from optimize.render.common import gate_rows, pairs_word
 
 if TYPE_CHECKING:
     from optimize.pipeline.summary import StageRecord
@@ -172,7 +172,7 @@ def render_measurements(report: dict[str, Any], console: Console) -> None:
             verdict = "no difference at 95% confidence"
         console.print(
             f"{comparison['metric']} ratio B/A = [bold]{ratio:.3f}[/] (95% CI {lo:.3f}–{hi:.3f}, "
-            f"{comparison['chunks']} interleaved chunks): {verdict}"
+            f"{comparison['chunks']} {pairs_word(comparison)}): {verdict}"
         )
 
 
@@ -483,7 +483,7 @@ def render_optimize_summary(
             title=f"lto optimize: {escape(Path(report['model']['path']).name)}",
             title_justify="left",
             caption="vs best: the best's p50 in the same side-by-side run; speedup: vs ONNX "
-            "Runtime defaults, chained through those ratios; reasons above and in report.md",
+            "Runtime defaults, measured in that run; reasons above and in report.md",
             caption_justify="left",
             box=box.SIMPLE_HEAD,
             pad_edge=False,
@@ -505,7 +505,7 @@ def render_optimize_summary(
     console.print(
         f"artifact: [bold]{escape(str(artifact_dir))}[/] ({escape(section['best']['label'])}), "
         f"[bold]{section['speedup']:.2f}x[/] vs ONNX Runtime defaults "
-        f"(95% CI {slo:.2f}–{shi:.2f}, side by side); "
+        f"(95% CI {slo:.2f}–{shi:.2f}, each in its own process); "
         f"numerics: {escape(str(section['best'].get('numerics', '?')))}; "
         f"accuracy: {escape(accuracy_cell(section.get('accuracy')))}",
         highlight=False,

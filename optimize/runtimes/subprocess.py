@@ -1,9 +1,10 @@
 """Any backend, hosted in a child process of its own.
 
-Why: TVM's and ONNX Runtime's thread pools busy-spin against each other when they share a
-process; measured alternately in one process, a tuned TVM module ran 14x slower than alone
-(shared/notes/tvm.md §6). The pipeline keeps ORT candidates open while it benchmarks a TVM
-one, so TVM runs in its own process.
+Why: thread pools busy-spin against each other when they share a process. Measured alternately in
+one process (2 cores, 2026), a tuned TVM module ran 14x slower than alone beside ONNX Runtime, and
+ONNX Runtime's pool keeps spinning for some 40 ms of CPU after each burst of work, slowing
+whatever runs next (docs/measurement.md). So TVM runs in its own process, and every comparison
+lto times runs each side in a worker of its own.
 
 How it is timed, honestly: `run()` copies the feeds into a shared-memory file, sends a small
 message over a socket pair, and copies the outputs back out of a second shared file, so a
@@ -11,8 +12,9 @@ timing taken in the parent (what `optimize.bench.compare` does when it interleav
 backend with an in-process one) includes that round trip and the copies: it errs against the
 hosted backend, never for it. `benchmarks/tvm_tuning.py` prints that overhead next to the
 model latencies. Where an absolute latency without IPC is wanted, the bench engine runs its
-own `measure` inside the child through `call_in_child` (`optimize.bench.measure_where_it_runs`):
-the backend never times itself.
+own `measure` inside the child through `call_in_child` (`optimize.bench.measure_where_it_runs`),
+and a comparison of two hosted backends times blocks of runs inside each child, one at a time
+(`optimize.bench.apart`): the backend never times itself.
 """
 
 from __future__ import annotations
@@ -356,3 +358,15 @@ class SubprocessBackend(Backend):
             if file is not None:
                 file.close(unlink=True)
                 setattr(self, attr, None)
+
+
+def open_in_worker(kind: str, model_path: str | Path, config: Mapping[str, Any] | None = None) -> Backend:
+    """`kind` loaded in a worker process of its own, for comparisons measured one runtime per
+    process (optimize.bench.apart). TVM hosts itself (its child needs TVM's thread settings
+    before TVM is imported); every other runtime is hosted by a SubprocessBackend."""
+    settings = dict(config or {})
+    if kind == "tvm":
+        from optimize.runtimes import open_backend
+
+        return open_backend(kind, model_path, {**settings, "process": "isolated"})
+    return SubprocessBackend(model_path, settings, hosted_kind=kind)

@@ -48,11 +48,16 @@ def test_compare_reports_ratio_with_ci(tmp_path: Path) -> None:
     proc = run_lto("bench", a, "--compare", b, "--batch", "16", *FAST, "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
+    (tmp_path / "c.json").write_text(proc.stdout)
     comparison = report["comparison"]
     assert report["kind"] == "compare" and len(report["results"]) == 2
     lo, hi = comparison["ratio_ci95"]
     assert lo <= comparison["ratio"] <= hi
     assert comparison["chunks"] >= 4
+    # Each side ran in a worker process of its own, and the report says how apart they were.
+    assert comparison["process"] == "own worker per side"
+    assert comparison["isolation"]["blocks_not_idle_after_wait"] >= 0
+    assert "block pairs, each side in its own process" in run_lto("report", tmp_path / "c.json").stdout
 
 
 def test_bench_user_errors_are_one_line(tiny_model: Path, tmp_path: Path) -> None:

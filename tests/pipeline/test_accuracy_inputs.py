@@ -36,7 +36,8 @@ def run_on(
     bench = FakeBench({"baseline": 1.0, **speeds})
     request = OptimizeRequest(model_path=model, recipe=str(recipe), out_dir=tmp_path / "out", **request_kw)
     return optimize(request, stage_factory=stages.__getitem__, measure_fn=bench.measure,
-                    compare_fn=bench.compare, known_stages=list(stages))  # fmt: skip
+                    compare_fn=bench.compare, open_worker_fn=bench.open_worker,
+                    known_stages=list(stages))  # fmt: skip
 
 
 def prepared(tmp_path: Path, model: Path, extra_recipe: str = "", **request_kw: Any) -> Pipeline:

@@ -23,6 +23,7 @@ import pytest
 
 from optimize.artifact import load_artifact
 from optimize.bench import Comparison, Measurement
+from optimize.bench.apart import ApartRun
 from optimize.errors import UsageError
 from optimize.pipeline import (
     EXIT_TARGET_MET,
@@ -37,7 +38,6 @@ from optimize.pipeline.summary import Progress
 from optimize.report import load_report
 from optimize.runtimes import STAGES, load_stage
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
-from optimize.stats import bootstrap_ratio_ci
 from tests.cli_helpers import run_lto
 from tests.conftest import make_matmul_model
 
@@ -97,45 +97,66 @@ def unloadable(candidate: Candidate, ctx: StageContext) -> list[Candidate]:
     return [Candidate(label="fake-broken", model_path=path)]
 
 
+class FakeWorker:
+    """What the pipeline times a candidate in: here, nothing but a label."""
+
+    def __init__(self, candidate: Candidate) -> None:
+        self.label = candidate.label
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
 class FakeBench:
     """The measuring seam: latency samples drawn around a per-label centre (ms)."""
 
+    ROUNDS, BLOCK = 8, 30
+
     def __init__(
-        self, speeds: dict[str, float], noise: float = 0.02, script: list[float] | None = None
+        self,
+        speeds: dict[str, float],
+        noise: float = 0.02,
+        script: list[float | dict[str, float]] | None = None,
     ) -> None:
         self.speeds = speeds
         self.noise = noise
-        self.script = script  # B's centre for the n-th comparison, overriding `speeds`
-        self.compared: list[tuple[str, str]] = []
+        # For the n-th comparison: the candidate's centre (a float), or centres by label.
+        self.script = script
+        self.compared: list[tuple[str, ...]] = []
+        self.workers: list[FakeWorker] = []
 
-    def samples(self, label: str, seed: int, centre: float | None = None) -> list[float]:
+    def samples(self, label: str, seed: int, centre: float | None = None, n: int = 300) -> list[float]:
         rng = np.random.default_rng(seed)
         centre = self.speeds[label] if centre is None else centre
-        return list(centre * (1.0 + self.noise * rng.standard_normal(300)))
+        return list(centre * (1.0 + self.noise * rng.standard_normal(n)))
 
     def _measurement(self, label: str, seed: int, centre: float | None = None) -> Measurement:
         return Measurement(label, "onnxruntime", 1, self.samples(label, seed, centre), 0, 0.1, "runs", 0.0)
+
+    def open_worker(self, candidate: Candidate) -> FakeWorker:
+        self.workers.append(FakeWorker(candidate))
+        return self.workers[-1]
 
     def measure(self, backend: Any, feeds: Any, settings: Any, label: str, **kw: Any) -> Measurement:
         return self._measurement(label, 0)
 
     def compare(
-        self,
-        a: Any,
-        b: Any,
-        fa: Any,
-        fb: Any,
-        settings: Any,
-        labels: tuple[str, str],
-        metric: str = "p50",
-        **kw: Any,
-    ) -> Comparison:
-        self.compared.append(labels)
+        self, sides: list[Any], feeds: Any, settings: Any, labels: list[str], metric: str = "p50", *a: Any
+    ) -> ApartRun:
+        self.compared.append(tuple(labels))
         n = len(self.compared)
-        centre = self.script[n - 1] if self.script and n <= len(self.script) else None
-        ma, mb = self._measurement(labels[0], n), self._measurement(labels[1], 1000 + n, centre)
-        ratio, lo, hi = bootstrap_ratio_ci(ma.samples_ms, mb.samples_ms, metric=metric, n=500)
-        return Comparison(ma, mb, metric, ratio, (lo, hi), 8)
+        step = self.script[n - 1] if self.script and n <= len(self.script) else None
+        centres = dict(step) if isinstance(step, dict) else ({labels[-1]: step} if step is not None else {})
+        samples = [
+            self.samples(label, 1000 * i + n, centres.get(label), self.ROUNDS * self.BLOCK)
+            for i, label in enumerate(labels)
+        ]
+        k = len(labels)
+        return ApartRun(
+            list(labels), ["onnxruntime"] * k, [1] * k, [self.BLOCK] * k, samples, self.ROUNDS, 0.1,
+            "runs", 0, metric, [[0.0] * self.ROUNDS for _ in labels],
+        )  # fmt: skip
 
 
 class RecordingProgress(Progress):
@@ -179,7 +200,8 @@ def run_fake(
 
     request = OptimizeRequest(model_path=model, recipe=str(recipe), out_dir=tmp_path / "out", **request_kw)
     result = optimize(request, stage_factory=factory, measure_fn=bench.measure, compare_fn=bench.compare,
-                      known_stages=list(stages), progress=progress)  # fmt: skip
+                      open_worker_fn=bench.open_worker, known_stages=list(stages),
+                      progress=progress)  # fmt: skip
     return result, bench
 
 
@@ -225,15 +247,22 @@ def test_every_kind_of_stage_decision(tmp_path: Path) -> None:
         and "changed the model's inputs" in rows["fake-inputs"].reason
     )
     assert rows["fake-broken"].status == "failed" and "does not load" in rows["fake-broken"].reason
-    # Only accurate, loadable candidates are benchmarked; a win is confirmed on fresh sessions;
-    # the last comparison is the artifact against the baseline.
+    # Only accurate, loadable candidates are benchmarked; a win is confirmed on fresh processes;
+    # once a best is kept, a candidate is timed beside it and the baseline in one run.
     assert bench.compared == [
         ("baseline", "fake-fast"),
         ("baseline", "fake-fast"),
-        ("fake-fast", "fake-slow"),
-        ("baseline", "fake-fast"),
+        ("baseline", "fake-fast", "fake-slow"),
     ]
-    assert "confirmed on fresh sessions" in rows["fake-fast"].reason
+    assert "confirmed on fresh processes" in rows["fake-fast"].reason
+    # Every speedup is measured against the baseline in its own run, with its CI: never chained.
+    slow = rows["fake-slow"]
+    assert slow.speedup == pytest.approx(1 / 0.9, rel=0.05)
+    assert slow.speedup_ci95[0] < slow.speedup < slow.speedup_ci95[1]
+    assert slow.details["comparison_with_baseline"]["labels"] == ["baseline", "fake-slow"]
+    # No worker is left open; each candidate had its own.
+    assert all(w.closed for w in bench.workers)
+    assert {w.label for w in bench.workers} >= {"baseline", "fake-fast", "fake-slow"}
 
     assert result.best.label == "fake-fast"
     assert result.exit_code == EXIT_TARGET_MET
@@ -244,7 +273,10 @@ def test_every_kind_of_stage_decision(tmp_path: Path) -> None:
     )
     report = load_report(result.artifact_dir / "report.json")  # validates against the schema
     section = report["optimize"]
-    assert section["speedup"] == pytest.approx(2.0, rel=0.05)
+    # The headline is the figure the artifact's own row carries: one figure per candidate.
+    assert section["speedup"] == rows["fake-fast"].speedup == pytest.approx(2.0, rel=0.05)
+    assert section["speedup_ci95"] == list(rows["fake-fast"].speedup_ci95)
+    assert section["final_comparison"] == rows["fake-fast"].details["confirmation"]
     assert section["best"]["kept_stages"] == ["fake-fast"]
     assert [s["status"] for s in section["stages"]] == [r.status for r in result.records]
     md = (result.artifact_dir / "report.md").read_text()
@@ -273,28 +305,34 @@ def test_a_win_that_does_not_repeat_is_rejected(tmp_path: Path) -> None:
     result, _ = run_fake(tmp_path, stages, {}, bench=bench)
     row = by_label(result)["fake-lucky"]
     assert row.status == "rejected"
-    assert "did not repeat on fresh sessions" in row.reason
+    assert "did not repeat on fresh processes" in row.reason
     assert row.details["comparison"]["ratio"] < 0.6 and row.details["confirmation"]["ratio"] > 0.9
     assert result.best.label == "baseline"
 
 
-def test_final_comparison_loss_ships_the_original(tmp_path: Path) -> None:
-    stages: dict[str, Stage] = {"fake-fast": FakeStage(model_candidate("fake-fast", extra_work=1))}
-    bench = FakeBench({"baseline": 1.0, "fake-fast": 0.5}, script=[0.5, 0.5, 1.5])
+# x wins twice over the baseline; y then wins twice over x, but in the same runs measures slower
+# than the baseline (x's worker ran slow there): y's own speedup says it loses to the original.
+CONTRADICTED = [0.5, 0.5, {"x": 2.0, "y": 1.5}, {"x": 2.0, "y": 1.5}]
+
+
+def test_a_best_measured_slower_than_the_baseline_ships_the_original(tmp_path: Path) -> None:
+    stages: dict[str, Stage] = {
+        "fake-x": FakeStage(model_candidate("x", extra_work=1)),
+        "fake-y": FakeStage(model_candidate("y", extra_work=2)),
+    }
+    bench = FakeBench({"baseline": 1.0, "x": 0.5, "y": 0.4}, script=CONTRADICTED)
     progress = RecordingProgress()
     result, _ = run_fake(tmp_path, stages, {}, bench=bench, progress=progress)
     # Kept when measured, then shown as reverted in the table and as a streamed line.
-    row = by_label(result)["fake-fast"]
-    assert row.status == "reverted"
-    assert row.reason.startswith("reverted: side by side with the original at the end")
-    assert "it had been kept" in row.reason
-    assert [r.status for r in progress.records if r.label == "fake-fast"] == ["kept", "reverted"]
+    rows = by_label(result)
+    assert rows["y"].status == rows["x"].status == "reverted"
+    assert rows["y"].reason.startswith("reverted: side by side with the original, y measured 0.67x")
+    assert "it had been kept" in rows["y"].reason
+    assert [r.status for r in progress.records if r.label == "y"] == ["kept", "reverted"]
     assert result.best.label == "baseline"
     section = result.report["optimize"]
     assert section["speedup"] == 1.0 and section["final_comparison"]["ratio"] > 1.4
-    assert any(
-        "slower than the baseline in the final side-by-side comparison" in w for w in section["warnings"]
-    )
+    assert any("y measured slower than the baseline side by side" in w for w in section["warnings"])
     art = load_artifact(result.artifact_dir)
     assert art.manifest["files"]["model.onnx"]["sha256"] == art.manifest["source_model"]["sha256"]
 
@@ -505,7 +543,8 @@ def test_external_data_goes_through_stages_into_the_artifact(tmp_path: Path) -> 
     bench = FakeBench({"baseline": 1.0, "fake-rewrite": 0.5})
     request = OptimizeRequest(model_path=src / "tiny.onnx", recipe=str(recipe), out_dir=tmp_path / "out")
     result = optimize(request, stage_factory=stages.__getitem__, measure_fn=bench.measure,
-                      compare_fn=bench.compare, known_stages=list(stages))  # fmt: skip
+                      compare_fn=bench.compare, open_worker_fn=bench.open_worker,
+                    known_stages=list(stages))  # fmt: skip
     assert by_label(result)["fake-raises"].reason == (
         "ValueError: 2 GB (the model keeps its weights as external data)"
     )
@@ -733,15 +772,16 @@ def test_target_skip_and_final_verdict_read_the_same_figure(tmp_path: Path) -> N
 
 def test_a_skip_decided_on_a_reverted_candidate_says_so(tmp_path: Path) -> None:
     stages: dict[str, Stage] = {
-        "fake-fast": FakeStage(model_candidate("fake-fast", extra_work=1)),
-        "fake-later": FakeStage(model_candidate("fake-later", extra_work=2)),
+        "fake-x": FakeStage(model_candidate("x", extra_work=1)),
+        "fake-y": FakeStage(model_candidate("y", extra_work=2)),
+        "fake-later": FakeStage(model_candidate("fake-later", extra_work=3)),
     }
     extra = '[stages.fake-later]\nrun_when = "above-target"\n'
-    bench = FakeBench({"baseline": 1.0, "fake-fast": 0.5}, script=[0.5, 0.5, 1.5])
-    result, _ = run_fake(tmp_path, stages, {}, extra, bench=bench, target_ms=0.7)
+    bench = FakeBench({"baseline": 1.0, "x": 0.5, "y": 0.4}, script=CONTRADICTED)
+    result, _ = run_fake(tmp_path, stages, {}, extra, bench=bench, target_ms=0.45)
     rows = by_label(result)
-    assert rows["fake-fast"].status == "reverted"
-    assert rows["fake-later"].reason.endswith("(decided on fake-fast, which was reverted)")
+    assert rows["y"].status == "reverted"
+    assert rows["fake-later"].reason.endswith("(decided on y, which was reverted)")
     assert result.best.label == "baseline"
     assert result.verdict.startswith("target missed: best p50 ")  # the original, measured alone
 
@@ -759,7 +799,7 @@ def test_a_close_runner_up_meets_the_final_best_in_a_runoff(tmp_path: Path) -> N
     assert [r.versus["label"] for r in ys] == ["x", "z"]
     assert ys[0].status == "rejected" and "gain below" in ys[0].reason
     assert ys[1].status == "rejected" and ys[1].reason.startswith("slower than z")
-    assert ("z", "y") in bench.compared and result.best.label == "z"
+    assert ("baseline", "z", "y") in bench.compared and result.best.label == "z"
     assert any(line.startswith("runoff: y against z") for line in result.report["optimize"]["log"])
 
 

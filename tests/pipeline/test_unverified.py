@@ -75,7 +75,8 @@ def run(
         model_path=model, recipe=str(recipe), out_dir=tmp_path / "out", force=True, **kw
     )
     return optimize(request, stage_factory=stages.__getitem__, measure_fn=bench.measure,
-                    compare_fn=bench.compare, known_stages=list(stages))  # fmt: skip
+                    compare_fn=bench.compare, open_worker_fn=bench.open_worker,
+                    known_stages=list(stages))  # fmt: skip
 
 
 def confident_rows(path: Path, count: int, seed: int = 0) -> Path:

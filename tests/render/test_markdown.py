@@ -149,7 +149,7 @@ def test_lto_report_renders_every_kind_as_markdown_with_its_numbers(
         )
     if kind == "compare":
         comparison = data["comparison"]
-        assert "## Comparison (interleaved)" in text and f"**{comparison['ratio']:.3f}**" in text
+        assert "## Comparison (side by side)" in text and f"**{comparison['ratio']:.3f}**" in text
     elif kind == "optimize":
         section = data["optimize"]
         assert "## Optimization" in text

@@ -73,8 +73,13 @@ def _optimize_with_winner(tmp_path: Path, winner: str) -> Path:
     speeds = {"baseline": 1.0, "openvino-convert:f32": 0.9, "openvino-convert:bf16": 0.95, winner: 0.5}
     bench = FakeBench(speeds)
     out = tmp_path / "artifact"
-    request = OptimizeRequest(model_path=model, recipe=str(recipe), out_dir=out)
-    result = optimize(request, measure_fn=bench.measure, compare_fn=bench.compare)
+    # Rows of the user's own: on generated ones a bf16 candidate is unverified and never ships.
+    rows = tmp_path / "eval.npz"
+    np.savez(rows, x=np.random.default_rng(1).standard_normal((16, 1, 128)).astype(np.float32))
+    request = OptimizeRequest(model_path=model, recipe=str(recipe), out_dir=out, eval_data=rows)
+    result = optimize(
+        request, measure_fn=bench.measure, compare_fn=bench.compare, open_worker_fn=bench.open_worker
+    )
     assert result.best.label == winner
     return out
 

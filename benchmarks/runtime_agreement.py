@@ -1,0 +1,365 @@
+"""Does lto's side-by-side figure agree with each side timed alone in a process of its own?
+
+For each corpus model (benchmarks/corpus) and each pair kind, side A is the original on ONNX
+Runtime defaults and side B is:
+
+    ort-int8   the model quantized by hand (static QDQ, as benchmarks/corpus_speedups.py does)
+    ov-f32     OpenVINO, INFERENCE_PRECISION_HINT=f32
+    ov-bf16    OpenVINO, bf16 (only where the CPU has native bf16)
+    ov-int8    OpenVINO, the model quantized by NNCF on the same calibration rows
+    no-spin    ONNX Runtime with intra-op spinning off
+
+and three figures of B's speedup over A are printed:
+
+    lto        optimize.bench.compare with each side in its own worker (what `lto optimize`, `lto bench
+               --compare` and `lto gate --rerun` run), with its 95% CI;
+    one-proc   the same engine with both sides in this process (the method before, for the record);
+    alone      each side measured alone in a fresh process, the two taking turns `--alternations`
+               times (order swapped each time): the median of the per-alternation p50 ratios.
+
+    nice -n 5 .venv/bin/python -m benchmarks.runtime_agreement [NAMES...] [--pairs ov-f32,...]
+
+With `--artifacts`, the check is on what users get instead: `lto optimize MODEL --calib-data ROWS`
+(as `make demo` runs it, `--time-budget` each), then the artifact's headline speedup, `lto bench
+--artifact ART --compare MODEL`, and the two timed alone by `lto bench` in fresh processes,
+alternated (median over median, as benchmarks/corpus_speedups.py does).
+
+Prints a Markdown table and writes it, with the rows as JSON, to reports/runtime-agreement.{md,json}
+(reports/artifact-agreement.{md,json} with --artifacts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.corpus import ENTRIES, CorpusError  # noqa: E402
+from benchmarks.corpus.data import Feed, read_calib_npz, write_calib_npz  # noqa: E402
+
+PAIRS = ("ort-int8", "ov-f32", "ov-bf16", "ov-int8", "no-spin")
+AGREE = 0.10  # the issue's bound: lto's figure within ±10% of the alone figure
+
+
+@dataclass
+class Row:
+    model: str
+    pair: str
+    lto: float | None = None
+    lto_ci95: tuple[float, float] | None = None
+    one_process: float | None = None
+    alone: float | None = None
+    alone_ratios: list[float] = field(default_factory=list)
+    # p50s in ms, A then B: in lto's comparison, and alone (one pair per alternation)
+    lto_p50_ms: tuple[float, float] | None = None
+    alone_p50_ms: list[tuple[float, float]] = field(default_factory=list)
+    isolation: dict[str, Any] | None = None
+    error: str = ""
+
+    def off(self, figure: float | None) -> float | None:
+        return None if figure is None or not self.alone else figure / self.alone - 1.0
+
+
+def side_b(pair: str, model: Path, calib: list[Feed], work: Path) -> tuple[str, Path, dict[str, Any]]:
+    """(runtime, model file, runtime settings) of side B."""
+    if pair == "ort-int8":
+        from benchmarks.corpus_speedups import quantize_by_hand
+
+        out = work / "int8.onnx"
+        quantize_by_hand(model, calib, out)
+        return "onnxruntime", out, {}
+    if pair == "no-spin":
+        return "onnxruntime", model, {"allow_spinning": False}
+    if pair == "ov-f32":
+        return "openvino", model, {"INFERENCE_PRECISION_HINT": "f32"}
+    if pair == "ov-bf16":
+        from optimize.runtimes.openvino.backend import has_bf16
+
+        if not has_bf16():
+            raise RuntimeError("no native bf16 on this CPU")
+        return "openvino", model, {"INFERENCE_PRECISION_HINT": "bf16"}
+    if pair == "ov-int8":
+        import nncf
+        import openvino as ov
+
+        quantized = nncf.quantize(
+            ov.Core().read_model(str(model)), nncf.Dataset(calib), subset_size=len(calib)
+        )
+        out = work / "ov-int8.xml"
+        ov.save_model(quantized, str(out))
+        return "openvino", out, {"INFERENCE_PRECISION_HINT": "f32"}
+    raise ValueError(f"unknown pair {pair!r}")
+
+
+def alone_p50(kind: str, path: Path, config: dict[str, Any], feed_file: Path, seconds: float) -> float:
+    """p50 of one side measured by lto's engine in a fresh process where nothing else runs."""
+    spec = json.dumps(
+        {"kind": kind, "path": str(path), "config": config, "feeds": str(feed_file), "s": seconds}
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.runtime_agreement", "--alone", spec],
+        capture_output=True, text=True, cwd=ROOT,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError((proc.stderr.strip().splitlines() or ["alone run failed"])[-1])
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def _alone_child(spec_json: str) -> None:
+    from optimize.bench import BenchSettings, measure
+    from optimize.runtimes import open_backend
+
+    spec = json.loads(spec_json)
+    # np.asarray: a 0-d input (silero's sample rate) reads back as a numpy scalar
+    feeds = {name: np.asarray(v) for name, v in read_calib_npz(Path(spec["feeds"]))[0].items()}
+    backend = open_backend(spec["kind"], spec["path"], spec["config"])
+    try:
+        settings = BenchSettings(warmup=10, min_runs=30, max_time_s=float(spec["s"]), target_ci_rel=0.01)
+        print(measure(backend, feeds, settings).latency["p50"])
+    finally:
+        backend.close()
+
+
+def measure_pair(row: Row, model: Path, feed: Feed, calib: list[Feed], args: argparse.Namespace) -> None:
+    from optimize.bench import BenchSettings, compare
+    from optimize.runtimes import open_backend
+    from optimize.runtimes.subprocess import open_in_worker
+
+    with tempfile.TemporaryDirectory(prefix="lto-agree-") as tmp:
+        work = Path(tmp)
+        kind, path_b, config_b = side_b(row.pair, model, calib, work)
+        feed_file = write_calib_npz([feed], work / "feed.npz")
+        settings = BenchSettings(warmup=10, min_runs=30, max_runs=100_000, max_time_s=args.time)
+        a, b = open_in_worker("onnxruntime", model, {}), open_in_worker(kind, path_b, config_b)
+        try:
+            result = compare(a, b, feed, feed, settings, ("A", "B"))
+        finally:
+            a.close()
+            b.close()
+        lo, hi = result.ratio_ci95
+        row.lto, row.lto_ci95, row.isolation = 1.0 / result.ratio, (1.0 / hi, 1.0 / lo), result.isolation
+        row.lto_p50_ms = (result.a.latency["p50"], result.b.latency["p50"])
+        a, b = open_backend("onnxruntime", model, {}), open_backend(kind, path_b, config_b)
+        try:
+            row.one_process = 1.0 / compare(a, b, feed, feed, settings, ("A", "B")).ratio
+        finally:
+            a.close()
+            b.close()
+        for k in range(args.alternations):
+            sides = [("onnxruntime", model, {}), (kind, path_b, config_b)]
+            p50 = {}
+            for index in (0, 1) if k % 2 == 0 else (1, 0):
+                p50[index] = alone_p50(*sides[index], feed_file, args.alone_time)
+            row.alone_ratios.append(p50[0] / p50[1])
+            row.alone_p50_ms.append((p50[0], p50[1]))
+        row.alone = float(np.median(row.alone_ratios))
+
+
+def _fmt(x: float | None, pct: bool = False) -> str:
+    if x is None:
+        return "–"
+    return f"{x:+.1%}" if pct else f"{x:.2f}x"
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| model | B | lto (95% CI) | one process | alone (median of alternations) | lto vs alone "
+        "| one process vs alone | ORT's CPU after its block, ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.error:
+            lines.append(f"| {r.model} | {r.pair} | {r.error} | | | | | |")
+            continue
+        ci = f" ({r.lto_ci95[0]:.2f}–{r.lto_ci95[1]:.2f})" if r.lto_ci95 else ""
+        spread = f" ({min(r.alone_ratios):.2f}–{max(r.alone_ratios):.2f})" if r.alone_ratios else ""
+        spill = ((r.isolation or {}).get("cpu_after_own_block_ms") or {}).get("A") or {}
+        spill_cell = f"{spill['median']:.0f} (max {spill['max']:.0f})" if spill else "–"
+        lines.append(
+            f"| {r.model} | {r.pair} | {_fmt(r.lto)}{ci} | {_fmt(r.one_process)} | {_fmt(r.alone)}{spread} "
+            f"| {_fmt(r.off(r.lto), True)} | {_fmt(r.off(r.one_process), True)} | {spill_cell} |"
+        )
+    within = [abs(r.off(r.lto) or 0.0) <= AGREE for r in rows if not r.error and r.alone]
+    lines.append("")
+    lines.append(f"lto within ±{AGREE:.0%} of alone: {sum(within)} of {len(within)} pairs")
+    return "\n".join(lines)
+
+
+@dataclass
+class ArtifactRow:
+    model: str
+    pick: str = ""
+    headline: float | None = None
+    headline_ci95: tuple[float, float] | None = None
+    bench_compare: float | None = None
+    bench_compare_ci95: tuple[float, float] | None = None
+    alone: float | None = None
+    alone_p50_ms: dict[str, list[float]] = field(default_factory=dict)
+    error: str = ""
+
+
+def check_artifact(name: str, args: argparse.Namespace, work: Path) -> ArtifactRow:
+    """lto optimize as a user runs it, then its headline against the other two figures."""
+    from benchmarks.corpus.prepare import prepare
+    from benchmarks.corpus_speedups import alone_speedups, lto_command, one_line_error
+
+    row = ArtifactRow(name)
+    data = work / f"{name}-data"
+    model = prepare(name, data)
+    flags = (data / "args.txt").read_text().split()
+    art = work / f"{name}-artifact"
+    cmd = [*lto_command(), "optimize", str(model), *flags, "--input-data", str(data / "input.npz"),
+           "--calib-data", str(data / "calib.npz"), "--time-budget", args.time_budget, "-o", str(art),
+           "--json"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode not in (0, 3, 4):
+        row.error = one_line_error(proc.stderr, proc.returncode)
+        return row
+    section = json.loads((art / "report.json").read_text())["optimize"]
+    row.pick = f"{section['best']['label']} ({section['best']['backend']})"
+    row.headline, row.headline_ci95 = float(section["speedup"]), tuple(section["speedup_ci95"])
+    out = work / f"{name}-compare.json"
+    cmd = [*lto_command(), "bench", "--artifact", str(art), "--compare", str(model),
+           "--time", str(args.time), "--json", "-o", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        row.error = one_line_error(proc.stderr, proc.returncode)
+        return row
+    comparison = json.loads(out.read_text())["comparison"]
+    lo, hi = comparison["ratio_ci95"]
+    row.bench_compare, row.bench_compare_ci95 = float(comparison["ratio"]), (lo, hi)  # B/A: the speedup
+    if section["best"]["label"] == "baseline":
+        row.alone = 1.0
+        return row
+    base_p50s, sides = alone_speedups(
+        model, {"artifact": art}, data / "input.npz", args.alternations, args.alone_time
+    )
+    row.alone_p50_ms = {"original": base_p50s, "artifact": sides["artifact"][0]}
+    row.alone = sides["artifact"][1]
+    return row
+
+
+def artifact_table(rows: list[ArtifactRow]) -> str:
+    lines = [
+        "| model | artifact | lto optimize headline (95% CI) | lto bench --compare (95% CI) | alone "
+        "| headline vs alone | bench --compare vs alone |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.error:
+            lines.append(f"| {r.model} | {r.error} | | | | | |")
+            continue
+        h = (
+            f"{_fmt(r.headline)} ({r.headline_ci95[0]:.2f}–{r.headline_ci95[1]:.2f})"
+            if r.headline_ci95
+            else "–"
+        )
+        c = r.bench_compare_ci95
+        b = f"{_fmt(r.bench_compare)} ({c[0]:.2f}–{c[1]:.2f})" if c else "–"
+        off_h = None if r.headline is None or not r.alone else r.headline / r.alone - 1
+        off_b = None if r.bench_compare is None or not r.alone else r.bench_compare / r.alone - 1
+        offs = f"{_fmt(off_h, True)} | {_fmt(off_b, True)}"
+        lines.append(f"| {r.model} | {r.pick} | {h} | {b} | {_fmt(r.alone)} | {offs} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("names", nargs="*", help=f"corpus entries (default: all: {', '.join(ENTRIES)})")
+    parser.add_argument("--pairs", default=",".join(PAIRS), help="comma-separated pair kinds")
+    parser.add_argument("--time", type=float, default=10.0, help="seconds per side-by-side comparison")
+    parser.add_argument("--alone-time", type=float, default=1.0, help="seconds per alone measurement")
+    parser.add_argument("--alternations", type=int, default=7, help="alone alternations (at least 5)")
+    parser.add_argument("--artifacts", action="store_true", help="check lto optimize's artifacts instead")
+    parser.add_argument("--time-budget", default="3m", help="lto optimize --time-budget (--artifacts)")
+    parser.add_argument("--out", type=Path, default=None, help="report path without suffix")
+    parser.add_argument("--alone", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.alone:
+        _alone_child(args.alone)
+        return 0
+    if args.alternations < 5:
+        parser.error("--alternations: at least 5")
+    if args.artifacts:
+        return _main_artifacts(args)
+    pairs = [p for p in args.pairs.split(",") if p]
+    unknown = sorted(set(pairs) - set(PAIRS))
+    if unknown:
+        parser.error(f"unknown pair kind {unknown[0]!r}; kinds: {', '.join(PAIRS)}")
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)  # ddddocr's OCR model warns about its output shape on every run
+    rows: list[Row] = []
+    for name in args.names or list(ENTRIES):
+        entry = ENTRIES[name]
+        try:
+            model = entry.fetch().model
+        except CorpusError as exc:
+            rows.append(Row(name, "*", error=f"not fetched: {exc}"))
+            continue
+        samples = entry.make_inputs(9, seed=0)
+        feed, calib = samples[0], samples[1:]
+        for pair in pairs:
+            row = Row(name, pair)
+            started = time.monotonic()
+            print(f"{name} / {pair} ...", file=sys.stderr, flush=True)
+            try:
+                measure_pair(row, model, feed, calib, args)
+            except Exception as exc:  # a pair a runtime cannot run is a row, not the end
+                row.error = f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
+            rows.append(row)
+            print(
+                f"  lto {_fmt(row.lto)}  one process {_fmt(row.one_process)}  alone {_fmt(row.alone)}  "
+                f"({time.monotonic() - started:.0f} s){'  ' + row.error if row.error else ''}",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
+    _write(table(rows), rows, args.out or ROOT / "reports" / "runtime-agreement")
+    return 0
+
+
+def _main_artifacts(args: argparse.Namespace) -> int:
+    rows: list[ArtifactRow] = []
+    with tempfile.TemporaryDirectory(prefix="lto-artifacts-") as tmp:
+        for name in args.names or list(ENTRIES):
+            started = time.monotonic()
+            print(f"{name}: lto optimize --time-budget {args.time_budget} ...", file=sys.stderr, flush=True)
+            try:
+                row = check_artifact(name, args, Path(tmp))
+            except Exception as exc:  # one model's failure is a row, not the end
+                first = (str(exc).splitlines() or [""])[0][:120]
+                row = ArtifactRow(name, error=f"failed: {type(exc).__name__}: {first}")
+            rows.append(row)
+            print(
+                f"  {row.pick}: headline {_fmt(row.headline)}  bench --compare {_fmt(row.bench_compare)}  "
+                f"alone {_fmt(row.alone)}  ({time.monotonic() - started:.0f} s) {row.error}",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
+    _write(artifact_table(rows), rows, args.out or ROOT / "reports" / "artifact-agreement")
+    return 0
+
+
+def _write(text: str, rows: Sequence[Any], out: Path) -> None:
+    print(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(text + "\n", encoding="utf-8")
+    payload = json.dumps([asdict(r) for r in rows], indent=1)
+    out.with_suffix(".json").write_text(payload, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
