@@ -224,6 +224,19 @@ def test_intact_artifact_still_benches(artifact: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def test_compare_with_the_original_takes_the_artifacts_stored_inputs(artifact: Path, tmp_path: Path) -> None:
+    # Optimized at batch 3: the original, whose batch dim is dynamic, is measured at batch 3 too,
+    # without flags (`lto bench --artifact ART --compare ORIGINAL`, the check users run).
+    at_three = tmp_path / "art"
+    shutil.copytree(artifact, at_three)
+    manifest = json.loads((at_three / "manifest.json").read_text())
+    manifest["input_spec"]["inputs"][0]["shape"] = [3, *manifest["input_spec"]["inputs"][0]["shape"][1:]]
+    (at_three / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_lto("bench", "--artifact", at_three, "--compare", MLP, *FAST, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["batch_size"] for r in json.loads(proc.stdout)["results"]] == [3, 3]
+
+
 # -- 6. input data values ----------------------------------------------------------------------
 
 

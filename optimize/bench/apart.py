@@ -146,6 +146,7 @@ class ApartRun:
     settles: list[_Settle] = field(default_factory=list)
     busy_during_s: list[float] = field(default_factory=list)  # idle workers' CPU during a block
     parent_cpu_during_s: float = 0.0  # this process's CPU time while blocks ran (it runs no model)
+    processes: int = 1  # sets of worker processes pooled into this run (see extend)
 
     def measurement(self, i: int) -> Measurement:
         load = [f for f in self.foreign[i] if f is not None]
@@ -169,7 +170,8 @@ class ApartRun:
         if not self.settles:
             return {
                 "method": "own worker per side",
-                "idle_wait": "not measured (no /proc on this system)",
+                "process_sets": self.processes,
+            "idle_wait": "not measured (no /proc on this system)",
                 "parent_cpu_during_blocks_ms": self.parent_cpu_during_s * 1e3,
             }
         waits = [s.waited_s * 1e3 for s in self.settles]
@@ -181,6 +183,7 @@ class ApartRun:
         }
         return {
             "method": "own worker per side",
+            "process_sets": self.processes,
             "settle_wait_ms": {"median": float(np.median(waits)), "max": float(np.max(waits))},
             "cpu_after_own_block_ms": {
                 label: {"median": float(np.median(v)), "max": float(np.max(v))}
@@ -191,6 +194,21 @@ class ApartRun:
             "idle_workers_cpu_during_blocks_ms": float(np.sum(self.busy_during_s) * 1e3),
             "parent_cpu_during_blocks_ms": self.parent_cpu_during_s * 1e3,
         }
+
+    def extend(self, other: ApartRun) -> None:
+        """Pool another run of the same sides with the same block sizes (fresh processes, say)."""
+        if other.block_runs != self.block_runs or len(other.samples) != len(self.samples):
+            raise ValueError("only runs of the same sides with the same block sizes pool")
+        for mine, theirs in zip(self.samples, other.samples, strict=True):
+            mine += theirs
+        for mine_f, theirs_f in zip(self.foreign, other.foreign, strict=True):
+            mine_f += theirs_f
+        self.settles += other.settles
+        self.busy_during_s += other.busy_during_s
+        self.parent_cpu_during_s += other.parent_cpu_during_s
+        self.rounds += other.rounds
+        self.wall_s += other.wall_s
+        self.processes += other.processes
 
     def comparison(self, i: int, j: int) -> Comparison:
         """Side j against side i, as a Comparison (ratio = metric(j) / metric(i))."""
@@ -211,11 +229,13 @@ def compare_apart(
     metric: str = "p50",
     progress: Callable[[int, float], None] | None = None,
     focus: Sequence[tuple[int, int]] | None = None,
+    block_runs: Sequence[int] | None = None,
 ) -> ApartRun:
     """Time every side in its own worker, in alternating blocks, each after the others went idle.
 
     Stops once every pair in `focus` (default: the last side against each other) has a ratio CI
     within ±target_ci_rel, or at the run/time budget, after at least 4 rounds and min_runs runs.
+    `block_runs` fixes the runs per block (to pool with an earlier run, see ApartRun.extend).
     """
     settings = settings or BenchSettings()
     workers = [worker_of(b) for b in backends]
@@ -232,7 +252,9 @@ def compare_apart(
         for w, f in zip(hosts, feeds, strict=True)
     ]
     cap = max(1, settings.max_runs // 8)
-    block_runs = [max(1, min(cap, int(settings.block_s * 1000.0 / ms))) for ms in per_run_ms]
+    if block_runs is None:
+        block_runs = [max(1, min(cap, int(settings.block_s * 1000.0 / ms))) for ms in per_run_ms]
+    block_runs = list(block_runs)
     run = ApartRun(
         labels, [w.hosted_kind for w in hosts], [_batch_of(f) for f in feeds], block_runs,
         [[] for _ in hosts], 0, 0.0, "runs", settings.warmup, metric, [[] for _ in hosts],

@@ -142,8 +142,8 @@ def run_compare(request: BenchRequest, progress: Progress | None = None) -> dict
         raise UsageError("--compare measures one batch size", "give a single --batch with --compare")
     overrides = request.runtime_overrides
     with opened(target_a, overrides, in_worker=True) as a, opened(target_b, overrides, in_worker=True) as b:
-        spec_a, feeds_a = target_inputs(target_a, a, request, batch)
-        spec_b, feeds_b = target_inputs(target_b, b, request, batch)
+        spec_a, feeds_a = _compare_inputs(target_a, a, target_b, b, request, batch)
+        spec_b, feeds_b = _compare_inputs(target_b, b, target_a, a, request, batch)
         if spec_a.shapes() != spec_b.shapes():
             raise InputError(
                 f"the two models take different inputs ({spec_a.shapes()} vs {spec_b.shapes()})",
@@ -171,6 +171,25 @@ def run_compare(request: BenchRequest, progress: Progress | None = None) -> dict
     if warnings:
         report["warnings"] = warnings
     return report
+
+
+def _compare_inputs(
+    target: RuntimeModel,
+    backend: Backend,
+    other: RuntimeModel,
+    other_backend: Backend,
+    request: BenchRequest,
+    batch: int | None,
+) -> tuple[InputSpec, dict[str, np.ndarray]]:
+    """A side's inputs for --compare. Without flags, a model file takes the inputs the other side,
+    an artifact, stored: `--artifact ART --compare ORIGINAL` measures both on what ART was
+    optimized for, even when the original's dims are dynamic."""
+    explicit = bool(request.shapes) or request.input_data is not None
+    if target.input_spec is None and other.input_spec is not None and not explicit:
+        spec, feeds = target_inputs(other, other_backend, request, batch)
+        backend.check_feeds(feeds)
+        return spec, feeds
+    return target_inputs(target, backend, request, batch)
 
 
 def _artifact(target: RuntimeModel) -> dict[str, Any] | None:

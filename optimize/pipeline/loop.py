@@ -21,6 +21,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,8 @@ SESSION_ONLY_SETTINGS = {
 MeasureFn = Callable[..., Any]  # optimize.bench.measure_where_it_runs's signature
 CompareFn = Callable[..., ApartRun]  # optimize.bench.apart.compare_apart's signature
 WorkerFn = Callable[[Candidate], Backend]  # a candidate loaded in a worker process of its own
+# Fresh pairs of processes the artifact's headline speedup is measured in (see _measure_artifact).
+FINAL_PROCESS_SETS = 3
 StageFactory = Callable[[str], Stage]
 
 
@@ -822,17 +825,16 @@ class Pipeline:
                 sides, [self.feeds] * len(sides), self.settings, labels, self.metric,
                 self._bench_progress(f"{cand.label} vs {best.candidate.label}"),
             )  # fmt: skip
+            cand_i = len(sides) - 1
+            versus_baseline = run.comparison(0, cand_i)
+            versus_best = run.comparison(cand_i - 1, cand_i) if cand_i == 2 else versus_baseline
         except BaseException:
             for backend in opened:
                 backend.close()
             raise
-        worker = sides[-1]
         for backend in opened[:-1]:
             backend.close()
-        cand_i = len(sides) - 1
-        versus_baseline = run.comparison(0, cand_i)
-        versus_best = run.comparison(cand_i - 1, cand_i) if cand_i == 2 else versus_baseline
-        return worker, versus_best, versus_baseline
+        return sides[-1], versus_best, versus_baseline
 
     def _numerics(self, cand: Candidate, accuracy: AccuracyResult) -> str:
         """exact only for the original graph under session settings alone, seen bit for bit equal."""
@@ -869,12 +871,15 @@ class Pipeline:
         best, best_accuracy, kept_chain = state.candidate, state.accuracy, state.kept_chain
         final: dict[str, Any] | None = None
         speedup, speedup_ci = 1.0, (1.0, 1.0)
-        comparison = state.versus_baseline
-        if best is not baseline and comparison is not None:
-            # The headline is the figure the artifact's own row carries: its comparison with the
-            # baseline in the run that kept it (confirmed on fresh processes). No second figure.
+        if best is not baseline:
+            comparison = self._measure_artifact(best)
             final = comparison.to_json()
-            speedup, speedup_ci = state.speedup, state.speedup_ci
+            lo, hi = comparison.ratio_ci95
+            speedup, speedup_ci = 1.0 / comparison.ratio, (1.0 / hi, 1.0 / lo)
+            # One figure for the artifact: its row carries the headline's.
+            row = next(r for r in reversed(self.records) if r.label == best.label and r.status == "kept")
+            row.speedup, row.speedup_ci95 = speedup, speedup_ci
+            row.details["final"] = final
             self.results += [comparison.a.to_json(), comparison.b.to_json()]
             self.results[-2]["label"] = f"baseline (beside {best.label}, the artifact)"
             self.results[-1]["label"] = f"{best.label} (the artifact, beside the baseline)"
@@ -962,6 +967,35 @@ class Pipeline:
         )
         partial_report_path(self.out_dir).unlink(missing_ok=True)
         return PipelineResult(report, self.records, best, exit_code, self.out_dir, verdict)
+
+    def _measure_artifact(self, best: Candidate) -> Comparison:
+        """The artifact against the baseline once more, after the search chose it, in
+        FINAL_PROCESS_SETS fresh pairs of worker processes, pooled. The comparisons that chose it
+        are the luckiest of several noisy ones (the winner's curse: on the corpus its confirmed
+        figure read 16-18% above the alone figure on 3 of 7 models), and one pair of processes is
+        one draw of this machine's process-to-process and phase-to-phase speed."""
+        settings = replace(self.settings, max_time_s=max(1.0, self.settings.max_time_s / FINAL_PROCESS_SETS))
+        pooled: ApartRun | None = None
+        for index in range(FINAL_PROCESS_SETS):
+            what = f"final: {best.label} vs baseline, fresh processes {index + 1}/{FINAL_PROCESS_SETS}"
+            self.progress.status(what)
+            sides: list[Backend] = []
+            try:
+                sides.append(self._open_worker(self.baseline))
+                sides.append(self._open_worker(best))
+                run = self.compare_fn(
+                    sides, [self.feeds] * 2, settings, ["baseline", best.label], self.metric,
+                    self._bench_progress(what), block_runs=pooled.block_runs if pooled else None,
+                )  # fmt: skip
+            finally:
+                for backend in sides:
+                    backend.close()
+            if pooled is None:
+                pooled = run
+            else:
+                pooled.extend(run)
+        assert pooled is not None
+        return pooled.comparison(0, 1)
 
     def _unverified_section(self, candidates: list[dict[str, Any]]) -> dict[str, Any] | None:
         """The faster candidates left out, what data would verify them, and the command."""

@@ -142,7 +142,14 @@ class FakeBench:
         return self._measurement(label, 0)
 
     def compare(
-        self, sides: list[Any], feeds: Any, settings: Any, labels: list[str], metric: str = "p50", *a: Any
+        self,
+        sides: list[Any],
+        feeds: Any,
+        settings: Any,
+        labels: list[str],
+        metric: str = "p50",
+        *a: Any,
+        **kw: Any,
     ) -> ApartRun:
         self.compared.append(tuple(labels))
         n = len(self.compared)
@@ -249,10 +256,12 @@ def test_every_kind_of_stage_decision(tmp_path: Path) -> None:
     assert rows["fake-broken"].status == "failed" and "does not load" in rows["fake-broken"].reason
     # Only accurate, loadable candidates are benchmarked; a win is confirmed on fresh processes;
     # once a best is kept, a candidate is timed beside it and the baseline in one run.
+    # The artifact is measured once more at the end, in 3 fresh pairs of processes.
     assert bench.compared == [
         ("baseline", "fake-fast"),
         ("baseline", "fake-fast"),
         ("baseline", "fake-fast", "fake-slow"),
+        *[("baseline", "fake-fast")] * 3,
     ]
     assert "confirmed on fresh processes" in rows["fake-fast"].reason
     # Every speedup is measured against the baseline in its own run, with its CI: never chained.
@@ -276,7 +285,9 @@ def test_every_kind_of_stage_decision(tmp_path: Path) -> None:
     # The headline is the figure the artifact's own row carries: one figure per candidate.
     assert section["speedup"] == rows["fake-fast"].speedup == pytest.approx(2.0, rel=0.05)
     assert section["speedup_ci95"] == list(rows["fake-fast"].speedup_ci95)
-    assert section["final_comparison"] == rows["fake-fast"].details["confirmation"]
+    assert section["final_comparison"] == rows["fake-fast"].details["final"]
+    assert section["final_comparison"]["isolation"]["process_sets"] == 3
+    assert section["final_comparison"]["chunks"] == 3 * FakeBench.ROUNDS
     assert section["best"]["kept_stages"] == ["fake-fast"]
     assert [s["status"] for s in section["stages"]] == [r.status for r in result.records]
     md = (result.artifact_dir / "report.md").read_text()
@@ -311,8 +322,8 @@ def test_a_win_that_does_not_repeat_is_rejected(tmp_path: Path) -> None:
 
 
 # x wins twice over the baseline; y then wins twice over x, but in the same runs measures slower
-# than the baseline (x's worker ran slow there): y's own speedup says it loses to the original.
-CONTRADICTED = [0.5, 0.5, {"x": 2.0, "y": 1.5}, {"x": 2.0, "y": 1.5}]
+# than the baseline (x's worker ran slow there), and so it does alone with the baseline at the end.
+CONTRADICTED = [0.5, 0.5, {"x": 2.0, "y": 1.5}, {"x": 2.0, "y": 1.5}, *[{"y": 1.5}] * 3]
 
 
 def test_a_best_measured_slower_than_the_baseline_ships_the_original(tmp_path: Path) -> None:
