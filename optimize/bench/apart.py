@@ -171,7 +171,7 @@ class ApartRun:
             return {
                 "method": "own worker per side",
                 "process_sets": self.processes,
-            "idle_wait": "not measured (no /proc on this system)",
+                "idle_wait": "not measured (no /proc on this system)",
                 "parent_cpu_during_blocks_ms": self.parent_cpu_during_s * 1e3,
             }
         waits = [s.waited_s * 1e3 for s in self.settles]
