@@ -34,22 +34,21 @@ class RerunRequest:
 
 
 def rerun_bench_settings(time_s: float = 10.0) -> Any:
-    """Benchmark settings for --rerun: spend the whole time budget, in very short chunks.
+    """Benchmark settings for --rerun: spend the whole time budget, in short blocks.
 
-    The decision rests on chunk pairs (see _ratio_ci): many short chunks pair A and B runs
+    The decision rests on block pairs (see _ratio_ci): many short blocks pair A and B runs
     that saw nearly the same machine state, and give the bootstrap many units to resample.
     Measured on a loaded 2-core machine, 5 ms chunks gave 95% CIs several times narrower than
     50 ms ones for the same time budget. Stopping early on the medians' CI would leave too few.
-    20,000 runs a side (the stop for sub-millisecond models) is already hundreds of chunk pairs
-    and keeps the bootstraps over the samples quick.
     """
     from optimize.bench import BenchSettings
 
     # Each side runs in its own worker (optimize.bench.apart) and a block starts once the other
-    # side's threads are idle: 50 ms blocks keep that wait (5 ms or more) a small share of the
-    # time while still giving a few hundred block pairs in a minute.
+    # side's threads are idle (a wait of 5 ms or more). 10 ms blocks keep many block pairs; the run
+    # cap is 100,000 a side so that a sub-0.1 ms model still gets a hundred or more pairs (at
+    # 20,000, mlp_small's 0.026 ms runs filled 10 blocks and the CI spanned ±18%).
     return BenchSettings(
-        max_time_s=time_s, target_ci_rel=None, max_runs=20_000, chunk_s=0.005, settle_s=0.0, block_s=0.05
+        max_time_s=time_s, target_ci_rel=None, max_runs=100_000, chunk_s=0.005, settle_s=0.0, block_s=0.01
     )
 
 
