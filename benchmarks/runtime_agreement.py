@@ -70,7 +70,7 @@ class Row:
     error: str = ""
 
     def off(self, figure: float | None) -> float | None:
-        return None if figure is None or not self.alone else figure / self.alone - 1.0
+        return _off(figure, self.alone)
 
 
 def side_b(pair: str, model: Path, calib: list[Feed], work: Path) -> tuple[str, Path, dict[str, Any]]:
@@ -174,6 +174,15 @@ def _fmt(x: float | None, pct: bool = False) -> str:
     return f"{x:+.1%}" if pct else f"{x:.2f}x"
 
 
+def _off(figure: float | None, reference: float | None) -> float | None:
+    """How far `figure` is from `reference`, as a fraction (None when either is missing)."""
+    return None if figure is None or not reference else figure / reference - 1.0
+
+
+def _with_ci(x: float | None, ci: tuple[float, float] | None) -> str:
+    return f"{_fmt(x)} ({ci[0]:.2f}–{ci[1]:.2f})" if x is not None and ci else _fmt(x)
+
+
 def table(rows: list[Row]) -> str:
     lines = [
         "| model | B | lto (95% CI) | one process | alone (median of alternations) | lto vs alone "
@@ -184,12 +193,12 @@ def table(rows: list[Row]) -> str:
         if r.error:
             lines.append(f"| {r.model} | {r.pair} | {r.error} | | | | | |")
             continue
-        ci = f" ({r.lto_ci95[0]:.2f}–{r.lto_ci95[1]:.2f})" if r.lto_ci95 else ""
         spread = f" ({min(r.alone_ratios):.2f}–{max(r.alone_ratios):.2f})" if r.alone_ratios else ""
         spill = ((r.isolation or {}).get("cpu_after_own_block_ms") or {}).get("A") or {}
         spill_cell = f"{spill['median']:.0f} (max {spill['max']:.0f})" if spill else "–"
         lines.append(
-            f"| {r.model} | {r.pair} | {_fmt(r.lto)}{ci} | {_fmt(r.one_process)} | {_fmt(r.alone)}{spread} "
+            f"| {r.model} | {r.pair} | {_with_ci(r.lto, r.lto_ci95)} | {_fmt(r.one_process)} "
+            f"| {_fmt(r.alone)}{spread} "
             f"| {_fmt(r.off(r.lto), True)} | {_fmt(r.off(r.one_process), True)} | {spill_cell} |"
         )
     within = [abs(r.off(r.lto) or 0.0) <= AGREE for r in rows if not r.error and r.alone]
@@ -262,16 +271,8 @@ def artifact_table(rows: list[ArtifactRow]) -> str:
         if r.error:
             lines.append(f"| {r.model} | {r.error} | | | | | |")
             continue
-        h = (
-            f"{_fmt(r.headline)} ({r.headline_ci95[0]:.2f}–{r.headline_ci95[1]:.2f})"
-            if r.headline_ci95
-            else "–"
-        )
-        c = r.bench_compare_ci95
-        b = f"{_fmt(r.bench_compare)} ({c[0]:.2f}–{c[1]:.2f})" if c else "–"
-        off_h = None if r.headline is None or not r.alone else r.headline / r.alone - 1
-        off_b = None if r.bench_compare is None or not r.alone else r.bench_compare / r.alone - 1
-        offs = f"{_fmt(off_h, True)} | {_fmt(off_b, True)}"
+        h, b = _with_ci(r.headline, r.headline_ci95), _with_ci(r.bench_compare, r.bench_compare_ci95)
+        offs = f"{_fmt(_off(r.headline, r.alone), True)} | {_fmt(_off(r.bench_compare, r.alone), True)}"
         lines.append(f"| {r.model} | {r.pick} | {h} | {b} | {_fmt(r.alone)} | {offs} |")
     return "\n".join(lines)
 

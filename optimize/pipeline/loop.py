@@ -92,22 +92,14 @@ class _BestSoFar:
         self.candidate = baseline
         # Its worker process (None while the best is the baseline: the baseline's own worker).
         self.worker: Backend | None = None
-        self.speedup = 1.0
-        self.speedup_ci = (1.0, 1.0)
-        # The comparison with the baseline its speedup comes from (None for the baseline).
-        self.versus_baseline: Comparison | None = None
+        self.speedup = 1.0  # measured against the baseline when it was kept
         self.accuracy = AccuracyResult(True, "", {})
         self.kept_chain: list[dict[str, Any]] = []
         self.standard = baseline  # the best standard-op candidate (for TVM / TensorRT / OpenVINO)
 
-    def adopt(
-        self, cand: Candidate, worker: Backend, versus_baseline: Comparison, accuracy: AccuracyResult
-    ) -> None:
+    def adopt(self, cand: Candidate, worker: Backend, speedup: float, accuracy: AccuracyResult) -> None:
         self.close()
-        self.candidate, self.worker, self.accuracy = cand, worker, accuracy
-        self.versus_baseline = versus_baseline
-        lo, hi = versus_baseline.ratio_ci95
-        self.speedup, self.speedup_ci = 1.0 / versus_baseline.ratio, (1.0 / hi, 1.0 / lo)
+        self.candidate, self.worker, self.speedup, self.accuracy = cand, worker, speedup, accuracy
         self.kept_chain.append({"stage": cand.label, **cand.details})
         if cand.standard_ops:
             self.standard = cand
@@ -532,11 +524,11 @@ class Pipeline:
         self, spec: StageSpec, cand: Candidate, best: _BestSoFar, t_stage: float
     ) -> StageRecord:
         """Check and time `cand` against the best so far; a kept one becomes the best."""
-        record, cand_worker, versus_baseline, accuracy = self._evaluate(spec, cand, best)
+        record, cand_worker, accuracy = self._evaluate(spec, cand, best)
         record.elapsed_s = time.monotonic() - t_stage
         self._add(record)
-        if record.status == "kept" and cand_worker is not None and versus_baseline is not None:
-            best.adopt(cand, cand_worker, versus_baseline, accuracy)
+        if record.status == "kept" and cand_worker is not None and record.speedup is not None:
+            best.adopt(cand, cand_worker, record.speedup, accuracy)
             self.best_alone = self._measure_alone(cand, cand_worker)
         elif cand_worker is not None:
             cand_worker.close()
@@ -715,8 +707,8 @@ class Pipeline:
 
     def _evaluate(
         self, spec: StageSpec, cand: Candidate, best: _BestSoFar
-    ) -> tuple[StageRecord, Backend | None, Comparison | None, AccuracyResult]:
-        """(record, the candidate's worker when kept, its comparison with the baseline, accuracy)."""
+    ) -> tuple[StageRecord, Backend | None, AccuracyResult]:
+        """(record, the candidate's worker when it is kept, accuracy)."""
         record = StageRecord(
             stage=spec.name,
             label=cand.label,
@@ -734,7 +726,7 @@ class Pipeline:
             raise
         except Exception as exc:
             record.reason = f"the candidate does not load: {first_line(exc)}"
-            return record, None, None, no_acc
+            return record, None, no_acc
         try:
             self.progress.status(f"{cand.label}: checking accuracy on {len(self.samples)} samples")
             accuracy = self._check_backend(backend, cand)
@@ -742,7 +734,7 @@ class Pipeline:
             raise
         except Exception as exc:
             record.reason = f"the candidate does not run: {first_line(exc)}"
-            return record, None, None, no_acc
+            return record, None, no_acc
         finally:
             backend.close()  # timing runs in worker processes, never beside this one
         record.accuracy = accuracy_json(accuracy)
@@ -750,7 +742,7 @@ class Pipeline:
         if not accuracy.ok:
             record.status = "rejected"
             record.reason = f"inaccurate: {accuracy.reason}"
-            return record, None, None, accuracy
+            return record, None, accuracy
         self.progress.status(f"{cand.label}: benchmarking against {best.candidate.label}")
         try:
             worker, versus_best, versus_baseline = self._side_by_side(best, cand, fresh=False)
@@ -758,20 +750,16 @@ class Pipeline:
             raise
         except Exception as exc:
             record.reason = f"benchmarking failed: {first_line(exc)}"
-            return record, None, None, accuracy
-        record.details["comparison"] = versus_best.to_json()
-        if versus_baseline is not versus_best:
-            record.details["comparison_with_baseline"] = versus_baseline.to_json()
-        self._judge(record, versus_best, versus_baseline, best.candidate.label)
+            return record, None, accuracy
+        self._judge(record, "comparison", versus_best, versus_baseline, best.candidate.label)
+        worker.close()
         if accuracy.unverified:
             # Measured so the report can say what verifying it would gain; never adopted, so no
             # confirmation run is spent on it.
             judge.hold_unverified(record, accuracy)
-            worker.close()
-            return record, None, None, accuracy
-        worker.close()
+            return record, None, accuracy
         if record.status != "kept":
-            return record, None, None, accuracy
+            return record, None, accuracy
 
         # Two processes of the same model can differ by a few percent for their whole life
         # (memory placement), and that bias is invisible to one comparison's CI. A win must
@@ -784,19 +772,16 @@ class Pipeline:
             raise
         except Exception as exc:
             record.status, record.reason = "failed", f"confirmation benchmark failed: {first_line(exc)}"
-            return record, None, None, accuracy
-        record.details["confirmation"] = versus_best.to_json()
-        if versus_baseline is not versus_best:
-            record.details["confirmation_with_baseline"] = versus_baseline.to_json()
-        self._judge(record, versus_best, versus_baseline, best.candidate.label)
+            return record, None, accuracy
+        self._judge(record, "confirmation", versus_best, versus_baseline, best.candidate.label)
         if record.status != "kept":
             worker.close()
             record.reason = (
                 f"the first measurement's gain (ratio {first.ratio:.3f}) did not repeat on fresh processes: "
                 + record.reason
             )
-            return record, None, None, accuracy
-        return record, worker, versus_baseline, accuracy
+            return record, None, accuracy
+        return record, worker, accuracy
 
     def _side_by_side(
         self, best: _BestSoFar, cand: Candidate, fresh: bool
@@ -850,8 +835,17 @@ class Pipeline:
         return numerics(cand.precision, same_graph, identical)
 
     def _judge(
-        self, record: StageRecord, versus_best: Comparison, versus_baseline: Comparison, best_label: str
+        self,
+        record: StageRecord,
+        key: str,
+        versus_best: Comparison,
+        versus_baseline: Comparison,
+        best_label: str,
     ) -> None:
+        """Record the comparisons under details[key] (and key_with_baseline), then judge them."""
+        record.details[key] = versus_best.to_json()
+        if versus_baseline is not versus_best:
+            record.details[f"{key}_with_baseline"] = versus_baseline.to_json()
         judge.judge_candidate(
             record,
             versus_best,
