@@ -28,14 +28,18 @@ EPILOG = """
 Protocol: KServe v2 / Open Inference Protocol (tritonclient.http, KServe SDKs, curl work):
   GET /v2/health/live | /v2/health/ready | /v2 | /v2/models/NAME | /v2/models/NAME/ready | /metrics
   POST /v2/models/NAME/infer   (JSON tensors or the binary tensor data extension)
-Answers: 400 bad input (names the input), 408 body not sent in time,
-413 body too large, 503 overloaded (Retry-After; before the body is read),
+Answers: 400 bad input (names the input), 408 request not sent in time (or too
+slowly), 413 body or JSON too large, 414/431 request line or header fields too
+large, 503 overloaded (Retry-After; on the head when the server is full),
 504 deadline missed: only requests with a deadline (`deadline_ms`, Triton's
 `timeout` in us, or --queue-timeout-ms) get it; one that the queue ahead would
 make miss its deadline gets 503 at once. --target-latency-ms steers batch
 sizes; it never rejects a request.
 SIGTERM or Ctrl-C drains: everything accepted is answered, then the process exits.
 """
+
+LIMITS = "HTTP limits (what one client may cost; docs/serving-limits.md)"
+MIB = 1024 * 1024
 
 # Batching options, shared with `lto load --artifact` (in-process runs use the same batcher).
 MaxBatchOption = typer.Option(32, "--max-batch", min=1, help="Most rows in one model call.")
@@ -100,24 +104,106 @@ def serve(
     threads: int | None = typer.Option(
         None, "--threads", min=1, help="Threads per instance, ONNX Runtime or OpenVINO (default: cores/N)."
     ),
-    max_body_mb: float = typer.Option(
-        64.0, "--max-body-mb", min=0.001, help="Largest request body accepted."
-    ),
     queue_timeout_ms: float | None = QueueTimeoutOption,
     max_inflight: int = typer.Option(
-        256, "--max-inflight", min=1, help="Requests in flight beyond which new ones get 503 at once."
+        256,
+        "--max-inflight",
+        min=1,
+        help="Whole requests in flight beyond which new ones get 503.",
+        rich_help_panel=LIMITS,
+    ),
+    max_body_mb: float = typer.Option(
+        64.0, "--max-body-mb", min=0.001, help="Largest request body: 413.", rich_help_panel=LIMITS
+    ),
+    max_json_mb: float = typer.Option(
+        8.0,
+        "--max-json-mb",
+        min=0.001,
+        rich_help_panel=LIMITS,
+        help="Largest JSON text in a request (decoding costs ~17x it): 413. Binary tensors: --max-body-mb.",
     ),
     max_inflight_mb: float = typer.Option(
-        256.0, "--max-inflight-mb", min=0.001, help="Request bodies in flight beyond which: 503."
+        256.0,
+        "--max-inflight-mb",
+        min=0.001,
+        rich_help_panel=LIMITS,
+        help="Body bytes held (charged as they arrive) beyond which: 503.",
+    ),
+    max_client_mb: float = typer.Option(
+        128.0,
+        "--max-client-mb",
+        min=0.001,
+        rich_help_panel=LIMITS,
+        help="... per client address.",
+    ),
+    max_head_kb: float = typer.Option(
+        64.0,
+        "--max-head-kb",
+        min=1.0,
+        rich_help_panel=LIMITS,
+        help="Request line + header fields, wire bytes: 431 (414 for the request line).",
+    ),
+    max_header_fields: int = typer.Option(
+        100,
+        "--max-header-fields",
+        min=1,
+        rich_help_panel=LIMITS,
+        help="Header fields in a request (and trailer fields): 431.",
     ),
     read_timeout_s: float = typer.Option(
-        30.0, "--read-timeout-s", min=0.001, help="A body not received in this long: 408, closed."
+        30.0,
+        "--read-timeout-s",
+        min=0.001,
+        rich_help_panel=LIMITS,
+        help="A request not whole this long after its first byte: 408, closed.",
+    ),
+    min_body_rate_kb: float = typer.Option(
+        1.0,
+        "--min-body-rate-kb",
+        min=0.0,
+        rich_help_panel=LIMITS,
+        help="A body arriving slower than this (KiB/s over 5 s): 408, closed. 0: off.",
+    ),
+    send_timeout_s: float = typer.Option(
+        30.0,
+        "--send-timeout-s",
+        min=0.001,
+        rich_help_panel=LIMITS,
+        help="Answer bytes a client does not read for this long: connection aborted.",
+    ),
+    max_connections: int = typer.Option(
+        1024,
+        "--max-connections",
+        min=1,
+        rich_help_panel=LIMITS,
+        help="Open connections beyond which new ones get 503 and are closed.",
+    ),
+    max_client_connections: int = typer.Option(
+        512,
+        "--max-client-conns",
+        min=1,
+        rich_help_panel=LIMITS,
+        help="... per client address (behind a proxy, all clients are one).",
+    ),
+    first_request_timeout_s: float = typer.Option(
+        10.0,
+        "--header-timeout-s",
+        min=0.001,
+        rich_help_panel=LIMITS,
+        help="A new connection without a whole request head this long: closed.",
+    ),
+    keepalive_s: float = typer.Option(
+        75.0,
+        "--keepalive-s",
+        min=0.001,
+        rich_help_panel=LIMITS,
+        help="An idle keep-alive connection is closed after this long.",
     ),
     busy_poll_us: float = typer.Option(
         300.0,
         "--busy-poll-us",
         min=0.0,
-        help="When idle, poll this long before sleeping, while that catches requests (0: never).",
+        help="When idle, poll this long before sleeping, while that catches requests (0: never; Linux only).",
     ),
     shape: list[str] = ShapeOption,
     validate: bool = typer.Option(
@@ -165,15 +251,24 @@ def serve(
         raise UsageError(
             "--qps/--requests/--slo-ms/--find-max-qps/--output apply to --validate", "add --validate"
         )
+    server_config = ServerConfig(host=host, port=port, model_name=name or "", max_inflight=max_inflight,
+                     max_json_bytes=int(max_json_mb * MIB), busy_poll_us=busy_poll_us,
+                     max_body_bytes=int(max_body_mb * MIB), max_inflight_bytes=int(max_inflight_mb * MIB),
+                     max_client_bytes=int(max_client_mb * MIB), read_timeout_s=read_timeout_s,
+                     min_body_rate=min_body_rate_kb * 1024, max_head_bytes=int(max_head_kb * 1024),
+                     max_header_fields=max_header_fields, send_timeout_s=send_timeout_s,
+                     max_connections=max_connections, max_client_connections=max_client_connections,
+                     first_request_timeout_s=first_request_timeout_s, keepalive_s=keepalive_s)  # fmt: skip
+    try:
+        server_config.http_limits().check()
+    except ValueError as exc:
+        raise UsageError(str(exc), "see the HTTP limits in lto serve --help") from None
     code = run_serve(
         model,
         artifact,
         BatcherConfig(max_batch=max_batch, max_wait_ms=max_wait_ms, target_latency_ms=target_latency_ms,
                       queue_timeout_ms=queue_timeout_ms, max_queue=max_queue, instances=instances),
-        ServerConfig(host=host, port=port, model_name=name or "",
-                     max_body_bytes=int(max_body_mb * 1024 * 1024), max_inflight=max_inflight,
-                     max_inflight_bytes=int(max_inflight_mb * 1024 * 1024), read_timeout_s=read_timeout_s,
-                     busy_poll_us=busy_poll_us),
+        server_config,
         shapes=parse_shape_args(shape),
         validate=load_options,
         console=console,

@@ -20,8 +20,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+# Busy polling relies on epoll's level-triggered poll with timeout 0 and is measured only on
+# Linux; elsewhere `lto serve` runs on asyncio's default selector and --busy-poll-us is ignored.
+HAVE_EPOLL = hasattr(selectors, "EpollSelector")
+_Base: type[selectors.BaseSelector] = getattr(selectors, "EpollSelector", selectors.DefaultSelector)
 
-class PollingSelector(selectors.EpollSelector):
+
+class PollingSelector(_Base):  # type: ignore[valid-type,misc]
     """Polls (epoll with timeout 0) for up to `poll_s` before sleeping, while `may_poll()`.
 
     `may_poll` must say no while model threads run: the polling thread holds the GIL between
@@ -65,7 +70,7 @@ class PollingSelector(selectors.EpollSelector):
 def run(main: Callable[[PollingSelector | None], Awaitable[Any]], busy_poll_us: float) -> Any:
     """asyncio.run(main(selector)) on the server's loop: asyncio's default, or one whose selector
     polls first when `busy_poll_us` > 0 (main receives that selector, or None)."""
-    if busy_poll_us <= 0:
+    if busy_poll_us <= 0 or not HAVE_EPOLL:
         return asyncio.run(main(None))
     selector = PollingSelector(busy_poll_us / 1e6)
     loop = asyncio.SelectorEventLoop(selector)

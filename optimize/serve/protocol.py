@@ -130,7 +130,7 @@ def decode_request(body: bytes, header_length: int | None, inputs: Sequence[Tens
         params = item.get("parameters") or {}
         size = params.get("binary_data_size") if isinstance(params, dict) else None
         if size is not None:
-            if not isinstance(size, int) or size < 0:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                 raise InputError(f"input {name!r}: binary_data_size must be a non-negative integer")
             if offset + size > len(binary):
                 raise InputError(
@@ -160,7 +160,7 @@ def decode_request(body: bytes, header_length: int | None, inputs: Sequence[Tens
     params = obj.get("parameters") or {}
     if not isinstance(params, dict):
         raise InputError("'parameters' must be an object")
-    binary_default = bool(params.get("binary_data_output", False))
+    binary_default = _flag(params, "binary_data_output", False, "'parameters'")
     outputs: dict[str, bool] | None = None
     if obj.get("outputs"):
         if not isinstance(obj["outputs"], list):
@@ -172,12 +172,20 @@ def decode_request(body: bytes, header_length: int | None, inputs: Sequence[Tens
             out_params = out.get("parameters") or {}
             if not isinstance(out_params, dict):
                 raise InputError(f"output {out['name']!r}: 'parameters' must be an object")
-            outputs[out["name"]] = bool(out_params.get("binary_data", binary_default))
+            outputs[out["name"]] = _flag(out_params, "binary_data", binary_default, f"output {out['name']!r}")
     deadline = _deadline_ms(params)
     request_id = obj.get("id")
     return InferRequest(
         feeds, str(request_id) if request_id is not None else None, outputs, binary_default, deadline
     )
+
+
+def _flag(params: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
+    """A boolean parameter, strictly: the string "false" is not true, 1 is not a boolean."""
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise InputError(f"{where}: {key} must be true or false (JSON booleans), got {value!r}")
+    return value
 
 
 def _deadline_ms(params: Mapping[str, Any]) -> float | None:

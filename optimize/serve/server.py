@@ -24,7 +24,7 @@ import orjson
 from optimize import __version__
 from optimize.errors import InputError, first_line
 from optimize.serve.batcher import Batcher, BatchStats, DeadlineExceeded, ModelFailure, Overloaded
-from optimize.serve.http import HttpApplication, HttpRequest, HttpResponse, HttpServer
+from optimize.serve.http import HttpApplication, HttpLimits, HttpRequest, HttpResponse, HttpServer
 from optimize.serve.polling import PollingSelector
 from optimize.serve.protocol import (
     HEADER_LENGTH,
@@ -63,6 +63,7 @@ OUTCOMES = (
     "timeout",
     "read_timeout",
     "disconnected",
+    "send_timeout",
     "error",
 )
 # Bodies above this are decoded on a worker thread: a 3 MB JSON tensor takes tens of ms to
@@ -72,23 +73,54 @@ DECODE_OFF_LOOP_BYTES = 64 * 1024
 log = logging.getLogger("lto.serve")
 
 
+_HTTP_DEFAULTS = HttpLimits()
+
+
 @dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     model_name: str = "model"
     model_version: str = "1"
-    max_body_bytes: int = 64 * 1024 * 1024
     platform: str = "onnxruntime_onnx"
-    # Admission control, checked before a body is read: requests and body bytes in flight
-    # (admitted and not yet answered). Beyond either, 503 with Retry-After at once.
+    # Admission control: whole requests in flight (body read, not yet answered). Beyond it, 503
+    # with Retry-After, on the head when the server is already full, else once the body is read.
     max_inflight: int = 256
-    max_inflight_bytes: int = 256 * 1024 * 1024
-    # A client that has not sent its whole body after this long is answered 408 and closed.
-    read_timeout_s: float = 30.0
+    # A JSON request (or the JSON part of a binary one) larger than this: 413 on the head.
+    # Decoding JSON tensors peaks at ~17x the text; binary tensors cost their size.
+    max_json_bytes: int = 8 * 1024 * 1024
     # Poll this long before the idle loop sleeps, while that catches requests
     # (optimize/serve/polling.py); 0: never.
     busy_poll_us: float = 300.0
+    # What one connection or client may cost (optimize/serve/http.py, HttpLimits).
+    max_body_bytes: int = _HTTP_DEFAULTS.max_body_bytes
+    max_inflight_bytes: int = _HTTP_DEFAULTS.max_inflight_body_bytes
+    max_client_bytes: int = _HTTP_DEFAULTS.max_client_body_bytes
+    read_timeout_s: float = _HTTP_DEFAULTS.read_timeout_s
+    min_body_rate: float = _HTTP_DEFAULTS.min_body_rate
+    max_head_bytes: int = _HTTP_DEFAULTS.max_head_bytes
+    max_header_fields: int = _HTTP_DEFAULTS.max_header_fields
+    send_timeout_s: float = _HTTP_DEFAULTS.send_timeout_s
+    max_connections: int = _HTTP_DEFAULTS.max_connections
+    max_client_connections: int = _HTTP_DEFAULTS.max_client_connections
+    first_request_timeout_s: float = _HTTP_DEFAULTS.first_request_timeout_s
+    keepalive_s: float = _HTTP_DEFAULTS.keepalive_s
+
+    def http_limits(self) -> HttpLimits:
+        return HttpLimits(
+            max_head_bytes=self.max_head_bytes,
+            max_header_fields=self.max_header_fields,
+            max_body_bytes=self.max_body_bytes,
+            read_timeout_s=self.read_timeout_s,
+            min_body_rate=self.min_body_rate,
+            max_inflight_body_bytes=self.max_inflight_bytes,
+            max_client_body_bytes=min(self.max_client_bytes, self.max_inflight_bytes),
+            send_timeout_s=self.send_timeout_s,
+            max_connections=self.max_connections,
+            max_client_connections=min(self.max_client_connections, self.max_connections),
+            first_request_timeout_s=self.first_request_timeout_s,
+            keepalive_s=self.keepalive_s,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -206,13 +238,10 @@ class InferenceServer(HttpApplication):
     def __init__(self, batcher: Batcher, config: ServerConfig) -> None:
         self.batcher = batcher
         self.config = config
-        self.max_body_bytes = config.max_body_bytes
-        self.read_timeout_s = config.read_timeout_s
         self.metrics = Metrics(batcher)
         batcher.on_batch = self.metrics.on_batch
         self.ready = False
-        self.inflight = 0
-        self.inflight_bytes = 0
+        self.inflight = 0  # whole requests, body read and not yet answered
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lto-decode")
 
     def close(self) -> None:
@@ -226,41 +255,59 @@ class InferenceServer(HttpApplication):
         self.metrics.requests.labels(outcome).inc()
 
     def admit(self, request: HttpRequest) -> HttpResponse | None:
-        """Admission control before the body is read, for infer requests: bounded requests and
-        bytes in flight; what is admitted is reserved until its answer is sent."""
+        """On the head, before the body is read: unknown routes, bodies sent to routes that take
+        none, JSON over its cap, and a server already full are refused; the body, if any, is
+        then dropped as it arrives (body bytes are charged by the HTTP layer as they arrive)."""
         route = self._route(request)
-        if not isinstance(route, _Route) or route.handler != "infer":
-            return None  # answered when whole (404, 405 and the small GETs)
+        if isinstance(route, HttpResponse):
+            return route  # 404 or 405: nothing of its body is kept
+        if route.handler != "infer":
+            if request.has_body:
+                self.count("too_large")
+                refusal = _error(413, f"{request.method} {request.path} takes no request body")
+                refusal.close = True  # its body is not read: a lingering close
+                return refusal
+            return None
         if (err := self._model_error(route)) is not None:
             self.count("not_found")
             return err
         if not self.batcher.accepting:
             self.count("overloaded")
             return _shed("the server is shutting down", 1)
-        # A chunked body of unknown length may grow to the body limit: reserve that much.
-        size = request.content_length if request.content_length is not None else self.config.max_body_bytes
-        if self.inflight >= self.config.max_inflight:
-            self.count("overloaded")
-            return _shed(
-                f"overloaded: {self.inflight} requests in flight (limit {self.config.max_inflight})",
-                self.batcher.retry_after_s(),
-            )
-        if self.inflight and self.inflight_bytes + size > self.config.max_inflight_bytes:
-            self.count("overloaded")
-            return _shed(
-                f"overloaded: {self.inflight_bytes} body bytes in flight "
-                f"(limit {self.config.max_inflight_bytes})",
-                self.batcher.retry_after_s(),
-            )
-        self.inflight += 1
-        self.inflight_bytes += size
+        if (refusal := self._json_refusal(request, request.content_length)) is not None:
+            return refusal
+        return self._full()
 
-        def release() -> None:
-            self.inflight -= 1
-            self.inflight_bytes -= size
+    def _full(self) -> HttpResponse | None:
+        if self.inflight < self.config.max_inflight:
+            return None
+        self.count("overloaded")
+        return _shed(
+            f"overloaded: {self.inflight} requests in flight (limit {self.config.max_inflight})",
+            self.batcher.retry_after_s(),
+        )
 
-        request.on_end = release
-        return None
+    def _json_refusal(self, request: HttpRequest, body_bytes: int | None) -> HttpResponse | None:
+        """413 for JSON text over `max_json_bytes`: the JSON part of a binary request (its
+        declared header length), else the whole body."""
+        header = request.headers.get(HEADER_LENGTH.lower())
+        json_bytes: int | None = body_bytes
+        if header is not None:
+            try:
+                json_bytes = int(header)
+            except ValueError:
+                return None  # the decoder answers 400, naming the header
+        if json_bytes is None or json_bytes <= self.config.max_json_bytes:
+            return None
+        self.count("too_large")
+        refusal = _error(
+            413,
+            f"{json_bytes} bytes of JSON exceed the limit of {self.config.max_json_bytes} "
+            "(--max-json-mb); send tensors as binary data (the binary tensor data extension), "
+            "which costs their size instead of ~17x the text to decode",
+        )
+        refusal.close = True
+        return refusal
 
     def handle(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
         route = self._route(request)
@@ -268,10 +315,19 @@ class InferenceServer(HttpApplication):
             return route
         try:
             if route.handler == "infer":
+                # A chunked body's size is known only now.
+                refusal = self._json_refusal(request, len(request.body)) or self._full()
+                if refusal is not None:
+                    return refusal
+                self.inflight += 1
+                request.on_end = self._release_one
                 return self._infer_answered(request)
             return getattr(self, route.handler)(route)
         except Exception as exc:
             return self._internal_error(request, exc)
+
+    def _release_one(self) -> None:
+        self.inflight -= 1
 
     # ---------------------------------------------------------------- routing
     def _route(self, request: HttpRequest) -> _Route | HttpResponse:
@@ -502,7 +558,7 @@ async def start_server(
     server = InferenceServer(batcher, config)
     if poller is not None:
         poller.may_poll = lambda: server.inflight == 0 and batcher.inflight_batches == 0
-    http_server = HttpServer(server)
+    http_server = HttpServer(server, config.http_limits())
     port = await http_server.start(config.host, config.port)
     server.ready = True
     return RunningServer(server, http_server, f"http://{config.host}:{port}")

@@ -122,7 +122,7 @@ class LocalClient:
 
         from optimize.serve.http import HttpServer
 
-        self.http = HttpServer(self.server)
+        self.http = HttpServer(self.server, self.server.config.http_limits())
         self.port = await self.http.start("127.0.0.1", 0)
         self.session = aiohttp.ClientSession(f"http://127.0.0.1:{self.port}")
         return self

@@ -10,18 +10,20 @@ from typing import Any
 
 import pytest
 
-from optimize.serve import http as http_layer
-from optimize.serve.http import HttpApplication, HttpRequest, HttpResponse, HttpServer
+from optimize.serve.http import HttpApplication, HttpLimits, HttpRequest, HttpResponse, HttpServer
 
 
 class EchoApp(HttpApplication):
     """GET /fast answers at once; POST /slow?ms=N answers its body after N ms; POST /refuse is
     refused on its headers; every admitted POST reserves one slot until its exchange ends."""
 
-    def __init__(self, max_body_bytes: int = 1 << 20, read_timeout_s: float = 5.0) -> None:
-        self.max_body_bytes = max_body_bytes
-        self.read_timeout_s = read_timeout_s
+    def __init__(self, **limits: Any) -> None:
+        self.limits = HttpLimits(**{"max_body_bytes": 1 << 20, "read_timeout_s": 5.0,
+                                    "max_client_body_bytes": 1 << 20, "max_inflight_body_bytes": 1 << 20,
+                                    **limits})  # fmt: skip
         self.held = 0
+        self.handled: list[HttpRequest] = []
+        self.server: HttpServer | None = None  # set by `run`
         self.counts: dict[str, int] = {}
         self.cancelled = 0
 
@@ -38,8 +40,14 @@ class EchoApp(HttpApplication):
         return None
 
     def handle(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
+        self.handled.append(request)
         if request.path == "/fast":
             return HttpResponse(200, b'{"fast": true}')
+        if request.path == "/big":
+            return HttpResponse(200, b"x" * 65536, "application/octet-stream")
+        if request.path == "/headers":
+            fields = {"headers": request.headers, "trailers": request.trailers}
+            return HttpResponse(200, json.dumps(fields).encode())
         if request.path == "/slow":
             return self._slow(request)
         if request.path == "/catch":
@@ -80,7 +88,8 @@ class EchoApp(HttpApplication):
 
 def run(app: EchoApp, body: Callable[[int], Awaitable[Any]]) -> Any:
     async def main() -> Any:
-        server = HttpServer(app)
+        server = HttpServer(app, app.limits)
+        app.server = server
         port = await server.start("127.0.0.1", 0)
         try:
             return await body(port)
@@ -281,9 +290,8 @@ def test_limits_a_stalled_request_and_a_hang_up_each_end_the_exchange_once() -> 
     assert app.cancelled == 1 and app.held == 0
 
 
-def test_an_idle_keep_alive_connection_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http_layer, "KEEPALIVE_S", 0.2)
-    app = EchoApp()
+def test_an_idle_keep_alive_connection_is_closed() -> None:
+    app = EchoApp(keepalive_s=0.2)
 
     async def body(port: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -201,7 +201,7 @@ def test_overload_is_shed_at_once_and_every_request_is_answered_exactly_once() -
                 assert (await r.json())["outputs"][0]["data"] == [i * 2.0 + 1] * 4
         assert sum(backend.calls) == len(ok)
         assert await metric(client, "overloaded") == len(shed)
-        assert server.inflight == 0 and server.inflight_bytes == 0
+        assert server.inflight == 0 and client.http.body_bytes == 0
         # ... and right after, it answers normally.
         after = await client.post("/v2/models/m/infer", json=infer_json(x(7)))
         assert after.status == 200
