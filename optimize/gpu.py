@@ -1,10 +1,11 @@
 """Is there a CUDA device this process can really use? Answered without importing any GPU library.
 
 `lto --help` and every CPU-only run must stay fast, and onnxruntime-gpu's "available providers"
-lie on a machine without a GPU (notes §7). So detection talks to the NVIDIA driver directly:
-the kernel module's version file, then `libcuda.so.1` through ctypes (`cuInit`, device count,
-name, compute capability). The answer is a `GpuStatus` that always carries a reason when the
-GPU path is unusable, so the pipeline can report why a GPU stage was skipped.
+lie on a machine without a GPU (docs/onnxruntime.md#gpu-providers). So detection talks to the
+NVIDIA driver directly: the kernel module's version file, then `libcuda.so.1` through ctypes
+(`cuInit`, device count, name, compute capability). The answer is a `GpuStatus` that always
+carries a reason when the GPU path is unusable, so the pipeline can report why a GPU stage was
+skipped.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """ONNX Runtime on NVIDIA GPUs: the CUDA and TensorRT execution providers, failing closed.
 
-onnxruntime-gpu fails open (notes §7): it lists CUDA and TensorRT providers on a machine with no
-GPU, and a session asked for CUDA quietly runs on the CPU when the provider cannot load. Here:
+onnxruntime-gpu fails open (docs/onnxruntime.md#gpu-providers): it lists CUDA and TensorRT
+providers on a machine with no GPU, and a session asked for CUDA quietly runs on the CPU when
+the provider cannot load. Here:
   * the driver is asked first (optimize.gpu): no usable GPU -> BackendUnavailable with its reason
     (not `ort.get_ep_devices()`: whether it lists GPUs depends on the ORT build's device discovery);
   * the installed onnxruntime must offer the provider (the CPU wheel does not);

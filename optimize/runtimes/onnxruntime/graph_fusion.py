@@ -1,6 +1,6 @@
 """Transformer fusions (Attention, SkipLayerNormalization, BiasGelu ...) for ONNX Runtime.
 
-Two fusers, because neither matches every exporter (notes/real-models.md):
+Two fusers, because neither matches every exporter (docs/trained-models.md#fusion-on-modern-exports):
 * onnxruntime.transformers: the model type, head count and hidden size are read from the graph
   (the Q projection's Reshape target holds [.., num_heads, head_size], its MatMul weight the
   hidden size). Only the Python fusions run (opt_level=0): no CPU-specific kernels are written.
@@ -9,8 +9,8 @@ Two fusers, because neither matches every exporter (notes/real-models.md):
   hold and fuses it to MultiHeadAttention, plus SkipLayerNormalization. Tried when the first
   leaves attention unfused; its output is checked by the pipeline like any candidate.
 
-No graph simplifier runs here: measured (notes/ort.md §6), onnxsim/onnxslim gained nothing on
-BERT exports and, run before fusion, they stop Attention from fusing.
+No graph simplifier runs here: measured (docs/onnxruntime.md#simplifiers), onnxsim and
+onnxslim gained nothing on BERT exports and, run before fusion, they stop Attention from fusing.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """Blocked/NHWC layouts for conv nets, and the session settings that matter for latency.
 
-ORT's NchwcTransformer (fp32 Conv/Pool -> NCHW16c/8c) and NhwcTransformer (int8 QLinearConv)
-run at session creation at the LAYOUT/ALL levels; they are most of ORT's CNN speed (notes/ort.md
-§4: 1.7x fp32, 2.1x int8). A file saved after them is tied to the SIMD width of this CPU, so the
-portable candidate ships the unchanged file with runtime level "all", and the saved-layout
-candidate records the ISA and NCHWc block width it needs, for the artifact loader to check.
+ORT's NchwcTransformer (fp32 Conv/Pool -> NCHW16c/8c) and NhwcTransformer (int8 QLinearConv) run
+at session creation at the LAYOUT/ALL levels; they are most of ORT's CNN speed
+(docs/onnxruntime.md#layout-transformers: 1.7x fp32, 2.1x int8). A file saved after them is tied
+to the SIMD width of this CPU, so the portable candidate ships the unchanged file with runtime
+level "all", and the saved-layout candidate records the ISA and NCHWc block width it needs, for
+the artifact loader to check.
 
-Thread settings (§8): intra-op threads = physical cores, one inter-op thread, sequential
-execution, never more threads than cores; spinning on or off is measured, not assumed. The
-other knobs the notes measured (memory arena and pattern, denormals-as-zero, dynamic block
+Thread settings (docs/onnxruntime.md#threads): intra-op threads = physical cores, one inter-op
+thread, sequential execution, never more threads than cores; spinning on or off is measured, not
+assumed. The other knobs measured there (memory arena and pattern, denormals-as-zero, dynamic block
 base) were within noise and stay at ORT's defaults, to keep the measured search small.
 
 Options: `layout` (default true), `search_threads` (true), `search_spinning` (true),
@@ -55,7 +56,7 @@ class MemoryLayoutStage(OnnxRuntimeStage):
             raise StageSkipped("no conv layers to re-layout and the thread search is off")
         cores = physical_cores()
         if ctx.options.get("threads"):
-            # More threads than cores only adds contention (notes §8: 2-3x slower): cap it.
+            # More threads than cores only adds contention (2-3x slower, docs/onnxruntime.md#threads).
             cores = max(1, min(int(ctx.options["threads"]), cores))
         base = dict(candidate.runtime_config)
         level = str(base.get("graph_optimization_level", "all"))

@@ -3,12 +3,13 @@
 ORT optimizes a graph every time a session is created; saving the optimized graph once moves
 that work offline. Only the EXTENDED level is saved: the ALL/LAYOUT levels add NCHWc kernels
 whose weight layout depends on the SIMD width of the CPU that wrote the file, and such a file
-runs silently wrong elsewhere (notes/ort.md §2b). Where ALL would add them, a second candidate
-keeps the portable file and lets ORT do the layout transform at load time on the target CPU.
+runs silently wrong elsewhere (docs/onnxruntime.md#saved-graph-levels). Where ALL would add
+them, a second candidate keeps the portable file and lets ORT do the layout transform at load
+time on the target CPU.
 
-More fusion is not always faster (notes §2a: SkipLayerNormFusion made one BERT export 15 %
-slower), so when ORT would fuse SkipLayerNormalization a variant without it is offered too.
-The pipeline measures all of them.
+More fusion is not always faster (docs/onnxruntime.md#fusions-are-not-always-faster:
+SkipLayerNormFusion made one BERT export 15 % slower), so when ORT would fuse
+SkipLayerNormalization a variant without it is offered too. The pipeline measures all of them.
 
 Options: `levels` (default ["extended", "layout"]): "extended" is always saved; "basic" adds
 a constant-folding-only file; "layout"/"all" add the portable layout-at-load candidate.

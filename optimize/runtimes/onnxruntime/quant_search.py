@@ -1,7 +1,8 @@
 """The points the quantize stage searches, in the order they are worth trying, and what can be
 skipped once earlier points are known.
 
-What the order rests on (measured on pretrained models, notes/real-models.md, notes/ort.md §3):
+What the order rests on (measured on pretrained models: docs/trained-models.md and
+docs/onnxruntime.md#quantization):
 * MatMul-heavy graphs (transformers): dynamic int8 with per-channel weights is the usual winner
   (per-tensor costs a trained BERT cosine 0.89 for no speed); static QDQ on MatMul is slower
   and less accurate there but is a different kernel family, so it is measured too.

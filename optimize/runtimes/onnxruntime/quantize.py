@@ -13,8 +13,8 @@ structural groups first (the output head; a transformer's late FFN down-projecti
 nodes ranked by the error they add themselves (quant_sensitivity.py), doubling until one passes
 and bisecting back; of the passing choices, the one with the least compute in float wins.
 
-Fixed choices (notes/ort.md §3): U8 activations / S8 weights (S8 activations are 3x slower on
-x86); reduce_range only on x86 without VNNI (u8*s8 pair sums saturate int16 in vpmaddubsw);
+Fixed choices (docs/onnxruntime.md#quantization): U8 activations / S8 weights (S8 activations
+are 3x slower on x86); reduce_range only on x86 without VNNI (u8*s8 pair sums saturate int16 in vpmaddubsw);
 never dynamic int8 on convolutions (ConvInteger is 4-12x slower); fp16 never on the CPU
 provider (it runs through casts).
 
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 STATIC_OP_TYPES = ("Conv", "MatMul", "Gemm")
 MATMUL_WEIGHT_OPS = frozenset({"MatMul", "Gemm", "Attention", "FusedMatMul", "FusedGemm", "LSTM", "GRU"})
-FP16_SKIP_REASON = "fp16 skipped: onnxruntime's CPU provider runs fp16 through casts (never faster, notes §3)"
+FP16_SKIP_REASON = "fp16 skipped: onnxruntime's CPU provider runs fp16 through casts (never faster)"
 NOTHING_TO_QUANTIZE = "onnxruntime's quantizer found nothing to quantize"
 DEFAULT_CALIB_SAMPLES = 16
 DEFAULT_BACKOFF_ROUNDS = 3
@@ -694,7 +694,8 @@ class _Quantizer:
         ops = op_counts(read_model(self.prepared, load_external_data=False))
         extra: dict[str, Any] = dict(self._extra)
         if any(":" in op for op in ops):
-            # Fused graphs: shape inference cannot see through com.microsoft ops (notes §3).
+            # Fused graphs: shape inference cannot see through com.microsoft ops
+            # (docs/onnxruntime.md#quantization).
             extra["DefaultTensorType"] = onnx.TensorProto.FLOAT
         with _quiet():
             quantize_dynamic(
@@ -735,7 +736,8 @@ class _Quantizer:
 
     def _calibrated_ranges(self) -> Path:
         """Activation ranges by the point's method. quantize_static does not pass num_bins on
-        (Entropy then equals MinMax, notes §3), so the calibrator runs here with its settings."""
+        (Entropy then equals MinMax, docs/onnxruntime.md#quantization), so the calibrator runs here
+        with its settings."""
         if self._ranges is not None:
             return self._ranges
         from onnxruntime.quantization import CalibrationMethod

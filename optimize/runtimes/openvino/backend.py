@@ -5,7 +5,7 @@ The runtime configuration is a dict of OpenVINO CPU properties under their own n
 artifact's manifest says exactly what any OpenVINO host (Triton's `openvino` backend, say) must
 pass to compile_model. INFERENCE_PRECISION_HINT is always set: on a CPU with avx512_bf16 or AMX,
 OpenVINO's default is bf16, so a model compiled without the hint is not fp32 there
-(shared/notes/openvino.md). A bf16 configuration is refused, with the reason, on a CPU without
+(docs/openvino.md). A bf16 configuration is refused, with the reason, on a CPU without
 native bf16 instructions, rather than running at another precision than the one that was
 accuracy-checked and measured.
 

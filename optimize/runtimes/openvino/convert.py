@@ -1,7 +1,7 @@
 """`openvino-convert`: the model as an OpenVINO IR, run at fp32 and, where the CPU has native bf16,
 at bf16, each a candidate the pipeline checks and measures against the best so far.
 
-No precision wins everywhere (shared/notes/openvino.md): bf16 is often the biggest single step on
+No precision wins everywhere (docs/openvino.md): bf16 is often the biggest single step on
 CPUs that have it and costs accuracy on some models, so both are proposed and the accuracy gate
 and the bench engine decide. Runtime settings are proposed as separate candidates only where they
 can matter: thread count on a CPU with SMT (physical cores vs all logical ones), and CPU pinning

@@ -6,7 +6,7 @@ back-off through NNCF's IgnoredScope driven by a sensitivity ranking.
 * Transformers (attention found in the graph: Softmax between MatMuls) are quantized with
   `model_type=TRANSFORMER`, which keeps LayerNorm/Softmax-side ops in float and applies
   SmoothQuant to MatMul inputs; `smooth_quant` = "off" turns it off, "on" forces it.
-* NNCF's default PTQ breaks some models (shared/notes/openvino.md: a text recognizer at cos
+* NNCF's default PTQ breaks some models (docs/openvino.md: a text recognizer at cos
   0.865, a detector's class scores). When the pipeline's gate (ctx.check_accuracy) fails, the
   quantized nodes are ranked by the error each adds itself, and the most harmful are kept in
   float, more on each retry (10 %, 20 %, 40 % ...), within `max_backoff_rounds` and the deadline.

@@ -48,8 +48,8 @@ def convert_fp16(src: Path, dst: Path) -> list[Path]:
     """Write a float16 copy of `src` whose inputs and outputs stay float32.
 
     onnxruntime.transformers' converter, not onnxconverter-common's: with keep_io_types the
-    latter left a float16 value feeding a float32 graph output on BERT (notes §3), the former
-    produced loadable graphs on every model measured.
+    latter left a float16 value feeding a float32 graph output on BERT
+    (docs/onnxruntime.md#fp16-converters), the former produced loadable graphs on every model measured.
     """
     import contextlib
     import io

@@ -2,8 +2,9 @@
 
 Shared by the `tensorrt-build` stage, the `tensorrt` backend and the GPU benchmark. Two runtimes
 speak the same Python API here: full TensorRT (`tensorrt`, 10.x and 11.x) and TensorRT-RTX
-(`tensorrt_rtx`), which also builds engines on a machine without a GPU. Only one of them is
-ever imported into a process: loading two TensorRT flavours side by side crashed (notes §7).
+(`tensorrt_rtx`), which also builds engines on a machine without a GPU. Only one of them is ever
+imported into a process: loading two TensorRT flavours side by side crashed
+(docs/onnxruntime.md#gpu-providers).
 
 An engine is tied to the TensorRT version and the GPU it was built for, so every engine gets a
 JSON manifest beside it (`model.engine.json`) and loading checks it before TensorRT is asked.

@@ -5,7 +5,7 @@ Nothing here imports TVM at module import time: the base install of lto does not
 environment TVM reads at import time (thread pool size) is set before the first import and
 a missing extra becomes a one-line `BackendUnavailable` instead of a traceback.
 
-Measured facts behind the choices made in this package live in shared/notes/tvm.md.
+Measured facts behind the choices made in this package live in docs/tvm.md.
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ def tvm_ffi_version() -> str | None:
         return None
 
 
-# apache-tvm-ffi 0.1.15.x segfaults in ToJSONGraph when MetaSchedule saves a tuning record (notes B1).
+# apache-tvm-ffi 0.1.15.x segfaults in ToJSONGraph when MetaSchedule saves a tuning record
+# (docs/tvm.md#packages-and-toolchain).
 _BAD_FFI_PREFIXES = ("0.1.15",)
 
 

@@ -1,6 +1,6 @@
 """The LLVM CPU target TVM compiles for: detected, validated, and what it demands of a CPU.
 
-Two silent failures shape this module (shared/notes/tvm.md B3, B4): CLI target strings
+Two silent failures shape this module (docs/tvm.md#targets): CLI target strings
 ("llvm -mcpu=znver5") are gone in TVM 0.27, so targets are JSON dicts; and an unknown or
 "native" `mcpu` is accepted when the target is built but compiles *generic* code. So the host
 CPU comes from LLVM's own detection and every `mcpu` is checked with `llvm_is_valid_cpu`.

@@ -1,7 +1,7 @@
 """ONNX -> Relax import, the one preprocessing recipe, and building with or without tuning records.
 
 MetaSchedule keys its records by the exact fused PrimFunc. If tuning and applying preprocess
-the module differently, most records silently miss (shared/notes/tvm.md B5, B7: 7 of 16
+the module differently, most records silently miss (docs/tvm.md#tuning-records: 7 of 16
 kernels scheduled, no warning). So there is exactly one recipe, `preprocess`, and both paths
 call it: tuning sees `fuse(preprocess(mod))`, applying runs the same `fuse` with the database
 current. `RECIPE_VERSION` goes into the tuning-cache key, so a change here never reuses
@@ -112,7 +112,7 @@ def output_types(mod: Any) -> list[tuple[str, tuple[int | None, ...]]]:
     return walk(mod["main"].ret_ty)
 
 
-# Ops the frontend lists as supported but fails on (notes §1): named in the skip reason.
+# Ops the frontend lists as supported but fails on (docs/tvm.md#import): named in the skip reason.
 _KNOWN_BROKEN = {
     "Attention": "the ONNX-standard Attention (the frontend implements com.microsoft's signature)"
 }

@@ -1,7 +1,7 @@
 """tvm-tune: compile the model with Apache TVM (Relax) and tune its kernels with MetaSchedule.
 
 The stage proposes one candidate, a tuned TVM library, and only when every kernel in it got a
-tuned schedule: untuned TVM code is 100-300x slower than ONNX Runtime (shared/notes/tvm.md §2).
+tuned schedule: untuned TVM code is 100-300x slower than ONNX Runtime (docs/tvm.md#untuned-code).
 Whether the candidate is kept is the pipeline's call, like for every stage.
 
 Steps: pick a standard-op ONNX graph (the best standard candidate, else the original: the Relax
@@ -81,7 +81,8 @@ def _options(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def compiler_available() -> bool:
-    """export_library links with the system C++ compiler (notes B9: without one, a TypeError)."""
+    """export_library links with the system C++ compiler; without one it fails with a TypeError
+    (docs/tvm.md#packages-and-toolchain)."""
     return bool(os.environ.get("CXX")) or any(shutil.which(c) for c in ("g++", "c++", "clang++", "gcc", "cc"))
 
 

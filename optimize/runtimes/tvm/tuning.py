@@ -1,7 +1,7 @@
 """MetaSchedule tuning in chunks of tasks, under a trial budget and a wall-clock budget.
 
 MetaSchedule has no clock, and a run killed before its task scheduler joins a task saves
-nothing of what it measured (shared/notes/tvm.md §3/4: twice 0 records after 12 minutes). So a
+nothing of what it measured (docs/tvm.md#tuning-records: twice 0 records after 12 minutes). So a
 time budget is honoured the other way round: the tasks are tuned a few at a time, each chunk a
 complete `tune_tasks` call into the same JSON database, and a chunk is started only when the
 measured cost per trial says it fits in the time left. Nothing is ever killed. The first chunk

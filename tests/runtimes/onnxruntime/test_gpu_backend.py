@@ -73,7 +73,8 @@ def test_gpu_ort_cuda_with_devices_hidden_fails_closed(tmp_path: Path) -> None:
 def test_ort_gpu_backends_fail_closed_when_the_provider_lies(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """onnxruntime-gpu lists CUDA where it cannot run it (notes §7): the session must not run on the CPU."""
+    """onnxruntime-gpu lists CUDA where it cannot run it (docs/onnxruntime.md#gpu-providers): the
+    session must not run on the CPU."""
     import onnxruntime as ort
 
     from optimize.runtimes import open_backend
