@@ -3,7 +3,7 @@
 Requests are fed to the layer's connection object as reads arrive from a socket (one read per
 request, head and body together), through a fake transport, to an application that answers at
 once; the figure is the median CPU time per request over rounds. Run it on two checkouts to
-compare two versions of `optimize/serve/http.py` on the same machine, alternating:
+compare two versions of `optimize/serve/http_layer.py` on the same machine, alternating:
 
     python benchmarks/serve_http_cost.py                    # ~10 s
     python benchmarks/serve_http_cost.py --requests 20000 --rounds 9
@@ -22,7 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from optimize.serve import http as layer  # noqa: E402
+from optimize.serve import http_layer as layer  # noqa: E402
 
 
 class _Transport(asyncio.Transport):

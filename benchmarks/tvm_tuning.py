@@ -11,7 +11,7 @@ Every engine is measured in its own child process (`optimize.bench.measure` runs
 child, so no inter-process overhead is in the latencies): TVM's and ORT's thread pools slow each
 other down when they share a process. The IPC column is what one call through the tuned TVM
 worker costs on top of the model (median of 200 calls, the child timing backend.run itself); the
-pipeline's interleaved comparison pays it (see optimize/runtimes/subprocess.py).
+pipeline's interleaved comparison pays it (see optimize/runtimes/worker.py).
 
     nice -n 10 .venv/bin/python benchmarks/tvm_tuning.py                       # all sample models
     nice -n 10 .venv/bin/python benchmarks/tvm_tuning.py --trials-per-task 4 --models mlp_small
@@ -103,9 +103,9 @@ def bench_one(name: str, args: argparse.Namespace, console: Any) -> dict[str, An
 def _bench_one(name: str, args: argparse.Namespace, console: Any, work: Path) -> dict[str, Any]:
     from optimize.bench import BenchSettings, measure_where_it_runs
     from optimize.inputs import resolve_inputs
-    from optimize.runtimes.subprocess import SubprocessBackend
     from optimize.runtimes.tvm.backend import TvmBackend
     from optimize.runtimes.tvm.tune_stage import TvmTuneStage
+    from optimize.runtimes.worker import SubprocessBackend
     from optimize.stage import StageSkipped
 
     model = ROOT / "sample_models" / f"{name}.onnx"

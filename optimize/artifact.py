@@ -176,7 +176,7 @@ def write_artifact(
         else:
             write_json_atomic(staging / "report.json", report)
         # The plots (plots/*.png) and report.html go in the same staging folder: all or nothing.
-        from optimize.render.html import artifact_pages
+        from optimize.render.html_page import artifact_pages
 
         write_markdown_atomic(staging / "report.md", artifact_pages(staging, report, report_md))
         manifest: dict[str, Any] = {

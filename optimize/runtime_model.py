@@ -47,7 +47,7 @@ class RuntimeModel:
 
     def open_in_worker(self, overrides: dict[str, Any] | None = None) -> Backend:
         """Load it in a worker process of its own, for timing one runtime per process."""
-        from optimize.runtimes.subprocess import open_in_worker
+        from optimize.runtimes.worker import open_in_worker
 
         return open_in_worker(self.backend, self.model_path, {**self.runtime_config, **(overrides or {})})
 
@@ -61,7 +61,7 @@ def resolve_model(path: str | Path, backend: str | None = None, label: str | Non
 
         loaded = load_artifact(source)
         if backend is not None and backend != loaded.backend:
-            raise UsageError(f"{source} is a {loaded.backend} artifact; --backend {backend} does not apply")
+            raise UsageError(f"{source} is a {loaded.backend} artifact; --runtime {backend} does not apply")
         if label is not None:
             loaded.label = label
         return loaded
@@ -74,7 +74,7 @@ def resolve_model(path: str | Path, backend: str | None = None, label: str | Non
         load_model(source, load_external_data=False)
     elif backend is None:
         raise UsageError(
-            f"{source.name} is not an .onnx file", "name its runtime with --backend (e.g. tensorrt, tvm)"
+            f"{source.name} is not an .onnx file", "name its runtime with --runtime (e.g. tensorrt, tvm)"
         )
     return RuntimeModel(label=label or source.stem, backend=kind, model_path=source)
 

@@ -30,7 +30,7 @@ import numpy as np
 from optimize.bench.engine import BenchSettings, Comparison, Measurement, _batch_of, _time_runs
 from optimize.env import CpuLoadMonitor
 from optimize.runtimes.base import Backend
-from optimize.runtimes.subprocess import SubprocessBackend
+from optimize.runtimes.worker import SubprocessBackend
 from optimize.stats import full_chunks, interleaved_ratio_ci
 
 # A worker counts as idle once its threads used less than this share of one core over a poll

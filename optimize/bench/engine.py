@@ -394,7 +394,7 @@ def measure_where_it_runs(
     """`measure`, run inside the process that hosts the model (a worker of its own, a TVM
     library isolated in a child), so that the inter-process round trip is not in the figure.
     `progress` is called only when the model runs here (a worker cannot call back mid-run)."""
-    from optimize.runtimes.subprocess import SubprocessBackend
+    from optimize.runtimes.worker import SubprocessBackend
 
     host = backend if isinstance(backend, SubprocessBackend) else getattr(backend, "host", None)
     if isinstance(host, SubprocessBackend):

@@ -13,6 +13,7 @@ from optimize.cli.common import (
     JsonOption,
     ShapeOption,
     console,
+    deprecated_alias,
     err_console,
     print_json,
 )
@@ -52,9 +53,10 @@ def bench(
         "--compare",
         help="Measure against another model/artifact: each in its own process, alternated in blocks.",
     ),
-    backend: str | None = typer.Option(
-        None, "--backend", help="Runtime for a model file (default onnxruntime)."
+    runtime: str | None = typer.Option(
+        None, "--runtime", help="Runtime for a model file (default onnxruntime)."
     ),
+    old_backend: str | None = typer.Option(None, "--backend", hidden=True),
     threads: int | None = typer.Option(
         None, "--threads", help="Intra-op threads (ORT; 0 = runtime default; at most 4x the logical cores)."
     ),
@@ -151,7 +153,7 @@ def bench(
     request = BenchRequest(
         model=model or artifact,  # type: ignore[arg-type]
         compare_with=compare,
-        backend=backend,
+        backend=deprecated_alias(runtime, old_backend, "--runtime", "--backend"),
         shapes=parse_shape_args(shape),
         input_data=input_data,
         batches=parse_batches(batch),

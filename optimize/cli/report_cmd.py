@@ -51,12 +51,12 @@ def report(
 
         plots = report_plots(data)
     if html_out is not None:
-        from optimize.render.html import render_html
+        from optimize.render.html_page import render_html
 
         write_text_atomic(html_out, render_html(data, plots, markdown=text))
         console.print(f"wrote {html_out}")
     if output is not None:
-        from optimize.render.html import plots_markdown, write_plot_files
+        from optimize.render.html_page import plots_markdown, write_plot_files
 
         prefix = f"{output.stem}-"
         for plot in plots or []:

@@ -182,7 +182,7 @@ class Pipeline:
 
     def _open_worker(self, candidate: Candidate) -> Backend:
         """The candidate in a worker process of its own, for timing (see the module docstring)."""
-        from optimize.runtimes.subprocess import open_in_worker
+        from optimize.runtimes.worker import open_in_worker
 
         if self.open_worker_fn is not None:
             return self.open_worker_fn(candidate)

@@ -3,7 +3,7 @@
 batcher.py   deadline-aware dynamic batching over backend instances (one thread each)
 protocol.py  the Open Inference Protocol codec (JSON and binary tensors)
 server.py    the KServe v2 endpoints, admission, metrics, Server-Timing, drain on SIGTERM
-http.py      the HTTP/1.1 layer under it (asyncio Protocol + httptools' parser) and its limits
+http_layer.py the HTTP/1.1 layer under it (asyncio Protocol + httptools' parser) and its limits
 polling.py   --busy-poll-us: poll before the idle loop sleeps
 loadgen.py   open/closed-loop load, latency breakdown, SLO verdict, max-QPS search
 loading.py   artifact or ONNX file -> backend instances

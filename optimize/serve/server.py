@@ -24,7 +24,7 @@ import orjson
 from optimize import __version__
 from optimize.errors import InputError, first_line
 from optimize.serve.batcher import Batcher, BatchStats, DeadlineExceeded, ModelFailure, Overloaded
-from optimize.serve.http import HttpApplication, HttpLimits, HttpRequest, HttpResponse, HttpServer
+from optimize.serve.http_layer import HttpApplication, HttpLimits, HttpRequest, HttpResponse, HttpServer
 from optimize.serve.polling import PollingSelector
 from optimize.serve.protocol import (
     HEADER_LENGTH,
@@ -92,7 +92,7 @@ class ServerConfig:
     # Poll this long before the idle loop sleeps, while that catches requests
     # (optimize/serve/polling.py); 0: never.
     busy_poll_us: float = 300.0
-    # What one connection or client may cost (optimize/serve/http.py, HttpLimits).
+    # What one connection or client may cost (optimize/serve/http_layer.py, HttpLimits).
     max_body_bytes: int = _HTTP_DEFAULTS.max_body_bytes
     max_inflight_bytes: int = _HTTP_DEFAULTS.max_inflight_body_bytes
     max_client_bytes: int = _HTTP_DEFAULTS.max_client_body_bytes
@@ -233,7 +233,7 @@ class _Route:
 
 
 class InferenceServer(HttpApplication):
-    """The KServe v2 endpoints around one model's batcher, on `optimize/serve/http.py`."""
+    """The KServe v2 endpoints around one model's batcher, on `optimize/serve/http_layer.py`."""
 
     def __init__(self, batcher: Batcher, config: ServerConfig) -> None:
         self.batcher = batcher

@@ -17,7 +17,7 @@ from optimize.bench.apart import compare_apart, process_cpu_s, wait_until_idle
 from optimize.inputs import resolve_inputs
 from optimize.runtimes import open_backend
 from optimize.runtimes.base import Backend
-from optimize.runtimes.subprocess import open_in_worker
+from optimize.runtimes.worker import open_in_worker
 from tests.conftest import sample_path
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")

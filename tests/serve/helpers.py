@@ -120,7 +120,7 @@ class LocalClient:
     async def start(self) -> LocalClient:
         import aiohttp
 
-        from optimize.serve.http import HttpServer
+        from optimize.serve.http_layer import HttpServer
 
         self.http = HttpServer(self.server, self.server.config.http_limits())
         self.port = await self.http.start("127.0.0.1", 0)

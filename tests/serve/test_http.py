@@ -1,4 +1,4 @@
-"""The HTTP/1.1 layer under `lto serve` (optimize/serve/http.py), through a real socket: order of
+"""The HTTP/1.1 layer under `lto serve` (optimize/serve/http_layer.py), through a real socket: order of
 answers, refusals before the body, limits, timeouts, malformed input and hang-ups."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from optimize.serve.http import HttpApplication, HttpLimits, HttpRequest, HttpResponse, HttpServer
+from optimize.serve.http_layer import HttpApplication, HttpLimits, HttpRequest, HttpResponse, HttpServer
 
 
 class EchoApp(HttpApplication):

@@ -17,7 +17,7 @@ import h11
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optimize.serve.http import (
+from optimize.serve.http_layer import (
     HttpApplication,
     HttpLimits,
     HttpRequest,

@@ -8,7 +8,7 @@ Runtime configuration (JSON):
     num_threads   TVM's thread pool size (0 or absent: TVM_NUM_THREADS, else the physical cores)
     process       "isolated" (default): run in a child process of its own, so TVM's thread pool
                   never spins against ONNX Runtime's in the same process (see
-                  optimize/runtimes/subprocess.py for what that means for timings);
+                  optimize/runtimes/worker.py for what that means for timings);
                   "inline": run in this process.
 """
 
@@ -67,7 +67,7 @@ class TvmBackend(Backend):
         check_cpu_supports(self.sidecar, self.model_path)
         self._remote: Backend | None = None
         if self.process == "isolated":
-            from optimize.runtimes.subprocess import SubprocessBackend
+            from optimize.runtimes.worker import SubprocessBackend
 
             self._remote = SubprocessBackend(
                 self.model_path,

@@ -162,7 +162,7 @@ def test_requirements_are_the_openvino_candidates_own(tmp_path: Path) -> None:
 
 
 def test_bench_runs_an_onnx_file_on_openvino() -> None:
-    proc = run_lto("bench", SAMPLES / "mlp_small.onnx", "--backend", "openvino", "--time", "0.3", "--json")
+    proc = run_lto("bench", SAMPLES / "mlp_small.onnx", "--runtime", "openvino", "--time", "0.3", "--json")
     assert proc.returncode == 0, proc.stderr
     runtime = json.loads(proc.stdout)["settings"]["runtime"]
     assert runtime["backend"] == "openvino" and runtime["config"]["INFERENCE_PRECISION_HINT"] == "f32"

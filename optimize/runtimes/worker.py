@@ -229,7 +229,7 @@ class SubprocessBackend(Backend):
         child_env = {**os.environ, **dict(env or {})}
         child_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, child_env.get("PYTHONPATH")) if p)
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        code = f"from optimize.runtimes.subprocess import _child_main; _child_main({child_sock.fileno()})"
+        code = f"from optimize.runtimes.worker import _child_main; _child_main({child_sock.fileno()})"
         self._proc = subprocess.Popen(
             [sys.executable, "-c", code],
             pass_fds=(child_sock.fileno(),),

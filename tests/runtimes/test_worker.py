@@ -1,4 +1,4 @@
-"""The process-isolated backend host (optimize/runtimes/subprocess.py); no TVM needed."""
+"""The process-isolated backend host (optimize/runtimes/worker.py); no TVM needed."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.runtimes.tvm.helpers import FEEDS, mlp_model
 def test_subprocess_backend_matches_in_process(tmp_path: Path) -> None:
     from optimize.bench import BenchSettings, measure_where_it_runs
     from optimize.runtimes import open_backend
-    from optimize.runtimes.subprocess import SubprocessBackend
+    from optimize.runtimes.worker import SubprocessBackend
 
     model = mlp_model(tmp_path / "m.onnx")
     hosted = SubprocessBackend(model, {"intra_op_num_threads": 1}, hosted_kind="onnxruntime")
@@ -38,7 +38,7 @@ def test_subprocess_backend_reports_load_errors_and_death(tmp_path: Path) -> Non
     import signal
 
     from optimize.errors import ModelError
-    from optimize.runtimes.subprocess import SubprocessBackend
+    from optimize.runtimes.worker import SubprocessBackend
 
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a model")
