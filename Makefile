@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 # second CPU runtime, whose stages and tests run on every machine; data, for `lto optimize --data`.
 EXTRAS ?= dev,tvm,tensorrt-rtx,corpus,openvino,data
 
-.PHONY: install demo test lint format samples corpus corpus-bench clean
+.PHONY: install demo test test-fast lint format samples corpus corpus-bench clean
 
 install: $(VENV)/.installed
 
@@ -40,6 +40,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The loop while editing: every test but the slow, network and TVM ones (pyproject's markers).
+test-fast: install
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not network and not tvm"
 
 lint: install
 	$(BIN)/ruff check .

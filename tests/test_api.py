@@ -52,6 +52,7 @@ def test_bench_optimize_load_and_run_match_onnxruntime(tmp_path: Path) -> None:
         assert plain.manifest is None and set(plain.run(feeds)) == set(expected)
 
 
+@pytest.mark.slow
 def test_bench_model_repeats_in_fresh_processes_with_a_minimum_time() -> None:
     model = sample_path("mlp_small.onnx")
     report = optimize.bench_model(model, time="0.3s", min_time="0.2s", repeat=2, warmup=2, min_runs=5)

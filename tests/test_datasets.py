@@ -184,6 +184,7 @@ def test_wav_files_become_windows_of_the_pinned_length_with_states_at_zero(tmp_p
         _read(audio_model(tmp_path / "vad.onnx"), clips)
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_bad_data_flags_in_one_line(tmp_path: Path) -> None:
     model = image_model(tmp_path / "m.onnx", [1, 3, 16, 16])
     photos = _images(tmp_path / "photos", 4)

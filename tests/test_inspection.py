@@ -120,6 +120,7 @@ def test_cli_json_output_parses() -> None:
     assert info["external_data"]["used"] is False
 
 
+@pytest.mark.slow
 def test_cli_tables_show_dynamic_dims_and_compute() -> None:
     proc = run_lto("inspect", BERT, "--shape", "batch=1", "--shape", "sequence=128")
     assert proc.returncode == 0, proc.stderr

@@ -197,6 +197,7 @@ def _set_input(key: str, value: Any) -> Callable[[dict[str, Any]], Any]:
         (lambda manifest: [manifest], "must hold a JSON object, not an array"),
     ],
 )
+@pytest.mark.slow
 def test_damaged_manifest_is_refused_naming_the_field(
     artifact: Path, tmp_path: Path, edit: Callable[[dict[str, Any]], Any], needle: str
 ) -> None:
@@ -209,6 +210,7 @@ def test_damaged_manifest_is_refused_naming_the_field(
     assert "internal error" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_manifest_with_absurd_shape_is_refused_before_allocating(artifact: Path, tmp_path: Path) -> None:
     damaged = tmp_path / "art"
     shutil.copytree(artifact, damaged)
@@ -224,6 +226,7 @@ def test_intact_artifact_still_benches(artifact: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 def test_compare_with_the_original_takes_the_artifacts_stored_inputs(artifact: Path, tmp_path: Path) -> None:
     # Optimized at batch 3: the original, whose batch dim is dynamic, is measured at batch 3 too,
     # without flags (`lto bench --artifact ART --compare ORIGINAL`, the check users run).
@@ -275,6 +278,7 @@ def test_calib_data_without_rows_is_refused_before_work(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_nan_calib_data_warns_naming_the_input(tmp_path: Path) -> None:
     calib = np.random.default_rng(0).standard_normal((16, 256)).astype(np.float32)
     calib[2, 1] = np.nan

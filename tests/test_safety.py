@@ -92,6 +92,7 @@ def test_what_lto_did_not_write_is_refused_even_with_force(tmp_path: Path, kind:
     assert not list(ROOT.glob(".lto-work-*"))
 
 
+@pytest.mark.slow
 def test_an_artifact_like_folder_needs_force(tmp_path: Path) -> None:
     target = tmp_path / "old"
     target.mkdir()
@@ -104,6 +105,7 @@ def test_an_artifact_like_folder_needs_force(tmp_path: Path) -> None:
     assert json.loads((target / "manifest.json").read_text())["lto_version"]
 
 
+@pytest.mark.slow
 def test_an_lto_artifact_and_an_empty_folder_are_replaced_with_the_users_umask(
     tmp_path: Path, artifact: Path
 ) -> None:
@@ -126,6 +128,7 @@ def test_an_lto_artifact_and_an_empty_folder_are_replaced_with_the_users_umask(
     _no_work_left(tmp_path)
 
 
+@pytest.mark.slow
 def test_report_outputs_follow_the_same_rule(tmp_path: Path) -> None:
     user_file = tmp_path / "notes.md"
     user_file.write_text("my notes\n")
@@ -206,6 +209,7 @@ def _last_line(stderr: str) -> str:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.slow
 def test_bench_says_what_was_interrupted_even_with_sigint_ignored(tmp_path: Path, signum: int) -> None:
     out = tmp_path / "bench.json"
     args = ["bench", str(sample_path(MLP)), "--time", "60", "--runs", "100000000", "--ci-target", "0"]
@@ -218,6 +222,7 @@ def test_bench_says_what_was_interrupted_even_with_sigint_ignored(tmp_path: Path
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_sigterm_during_optimize_keeps_the_previous_artifact(tmp_path: Path, artifact: Path) -> None:
     target = tmp_path / "art"
     shutil.copytree(artifact, target)
@@ -244,6 +249,7 @@ def _is_tuner(child: psutil.Process) -> bool:
     return "multiprocessing" in cmdline and "resource_tracker" not in cmdline
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_tvm_tuning_reaches_lto_and_ends_the_tuner(tmp_path: Path, artifact: Path) -> None:
     pytest.importorskip("tvm")
     from optimize.runtimes.tvm.tune_stage import compiler_available

@@ -44,6 +44,7 @@ def workers(resnet: tuple[Path, dict[str, np.ndarray]]) -> Iterator[list[Backend
         backend.close()
 
 
+@pytest.mark.slow
 def test_compare_of_two_workers_times_each_side_in_its_own_process(
     workers: list[Backend], resnet: tuple[Path, dict[str, np.ndarray]]
 ) -> None:
@@ -65,6 +66,7 @@ def test_compare_of_two_workers_times_each_side_in_its_own_process(
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="ONNX Runtime has no pool to spin on one core")
+@pytest.mark.slow
 def test_a_spinning_pool_is_waited_out_and_reported(
     workers: list[Backend], resnet: tuple[Path, dict[str, np.ndarray]]
 ) -> None:
@@ -79,6 +81,7 @@ def test_a_spinning_pool_is_waited_out_and_reported(
     assert iso["idle_workers_cpu_during_blocks_ms"] < after["spin"]["median"] * run.rounds
 
 
+@pytest.mark.slow
 def test_three_sides_give_every_pair_from_one_run(
     workers: list[Backend], resnet: tuple[Path, dict[str, np.ndarray]]
 ) -> None:

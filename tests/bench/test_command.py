@@ -42,6 +42,7 @@ def test_bench_bert_with_named_dim(tmp_path: Path) -> None:
     assert {t["name"]: t["shape"] for t in report["input_spec"]["inputs"]}["input_ids"] == [1, 16]
 
 
+@pytest.mark.slow
 def test_compare_reports_ratio_with_ci(tmp_path: Path) -> None:
     a = make_matmul_model(tmp_path / "a.onnx", features=64, out=64)
     b = make_matmul_model(tmp_path / "b.onnx", features=64, out=64, extra_work=8)
@@ -60,6 +61,7 @@ def test_compare_reports_ratio_with_ci(tmp_path: Path) -> None:
     assert "block pairs, each side in its own process" in run_lto("report", tmp_path / "c.json").stdout
 
 
+@pytest.mark.slow
 def test_bench_user_errors_are_one_line(tiny_model: Path, tmp_path: Path) -> None:
     assert_clean_error(run_lto("bench", tmp_path / "missing.onnx"), 2, "not found")
     assert_clean_error(run_lto("bench", tiny_model, "--shape", "x=1x"), 2, "--shape")
@@ -72,6 +74,7 @@ def test_bench_user_errors_are_one_line(tiny_model: Path, tmp_path: Path) -> Non
     assert_clean_error(run_lto("bench", bert), 2, "sequence", "--shape")
 
 
+@pytest.mark.slow
 def test_repeat_runs_each_repetition_in_a_fresh_process(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "repeated.json"
     args = ["--repeat", "3", "--warmup", "2", "--time", "0.2"]
@@ -101,6 +104,7 @@ def test_repeat_passes_a_childs_error_on_as_one_line(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_minimum_runs_and_time_win_over_the_maxima(tiny_model: Path) -> None:
     args = ["--warmup", "1", "--min-runs", "400", "--runs", "400", "--time", "0.01"]
     proc = run_lto("bench", tiny_model, *args, "--json")

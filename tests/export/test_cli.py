@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
@@ -20,6 +21,7 @@ def test_help_shows_examples_and_the_serving_commands() -> None:
         assert needle in proc.stdout, needle
 
 
+@pytest.mark.slow
 def test_json_export_with_a_profile_lto_bench_measured(make_artifact: ArtifactMaker, tmp_path: Path) -> None:
     artifact = make_artifact()
     bench = tmp_path / "bench.json"
@@ -49,6 +51,7 @@ def test_json_export_with_a_profile_lto_bench_measured(make_artifact: ArtifactMa
     )
 
 
+@pytest.mark.slow
 def test_a_profile_of_another_model_is_refused(make_artifact: ArtifactMaker, tmp_path: Path) -> None:
     artifact = make_artifact()
     bench = tmp_path / "bench.json"
@@ -61,6 +64,7 @@ def test_a_profile_of_another_model_is_refused(make_artifact: ArtifactMaker, tmp
     assert not (tmp_path / "repo").exists()
 
 
+@pytest.mark.slow
 def test_refusals_are_one_line(make_artifact: ArtifactMaker, tmp_path: Path) -> None:
     ort = make_artifact()
     repo = tmp_path / "repo"

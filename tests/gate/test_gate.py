@@ -265,6 +265,7 @@ def test_same_inputs_give_the_same_verdict_and_figures() -> None:
     assert (r1.verdict, r1.change_ci95) == (r2.verdict, r2.change_ci95)
 
 
+@pytest.mark.slow
 def test_error_rates_on_known_distributions() -> None:
     """Over 100 trials of 12 processes a side, 5% apart between processes: no false alarm for
     identical distributions, no more than 5 misses for a 15% shift."""
@@ -303,6 +304,7 @@ def chunked(k: int, per: int, scale: float, chunk_sigma: float, seed: int) -> np
     return (2.0 * scale * factors[:, None] * np.exp(rng.normal(0.0, 0.03, (k, per)))).ravel()
 
 
+@pytest.mark.slow
 def test_chunk_bootstrap_keeps_load_bursts_from_becoming_verdicts() -> None:
     """Runs within a chunk share the machine's load, so they are not independent samples.
 
@@ -488,6 +490,7 @@ def test_markdown_says_when_an_input_was_unstable(reports: dict[str, Path], tmp_
     assert "the repetitions disagree: p50 1..2 ms" in text and "| stable | yes | NO |" in text
 
 
+@pytest.mark.slow
 def test_cli_output_is_a_valid_gate_report(reports: dict[str, Path], tmp_path: Path) -> None:
     from optimize.render.markdown import render_markdown
     from optimize.report import load_report
@@ -503,6 +506,7 @@ def test_cli_output_is_a_valid_gate_report(reports: dict[str, Path], tmp_path: P
     assert [len(r["repetitions"]) for r in report["results"]] == [6, 6]
 
 
+@pytest.mark.slow
 def test_metric_and_budget_options(tmp_path: Path) -> None:
     # 25% slower fails a 5% budget and passes a 50% one, on every metric. 500 runs a process:
     # enough for each process's p99 (368), which 100 runs are not.
@@ -684,6 +688,7 @@ def _model(tmp_path: Path) -> Path:
     return path if path.exists() else make_matmul_model(tmp_path / "mlp.onnx", 256, 10)
 
 
+@pytest.mark.slow
 def test_rerun_model_against_itself_is_not_regressed(tmp_path: Path) -> None:
     model = _model(tmp_path)
     summary = tmp_path / "s.md"
@@ -698,6 +703,7 @@ def test_rerun_model_against_itself_is_not_regressed(tmp_path: Path) -> None:
     assert "lto gate:" in summary.read_text()
 
 
+@pytest.mark.slow
 def test_rerun_flags_a_much_slower_model(tmp_path: Path) -> None:
     model = _model(tmp_path)
     slow = tmp_path / "slow.onnx"

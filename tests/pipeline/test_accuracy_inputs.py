@@ -267,6 +267,7 @@ def test_a_metric_that_fails_the_original_or_breaks_on_a_candidate_is_a_usage_er
         run_on(tmp_path / "b", model, {"fake-other": stage}, {}, metric=f"{fragile}:m")
 
 
+@pytest.mark.slow
 def test_cli_accuracy_flags_into_report_and_manifest(tmp_path: Path) -> None:
     model = make_matmul_model(tmp_path / "tiny.onnx")
     recipe = write_recipe(tmp_path, ["operator-fusion"])

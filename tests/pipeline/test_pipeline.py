@@ -666,6 +666,7 @@ def test_parse_duration() -> None:
 # --- the command line --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_exit_codes_and_json(tmp_path: Path) -> None:
     model = make_matmul_model(tmp_path / "tiny.onnx")
     recipe = write_recipe(tmp_path, ["operator-fusion", "tvm-tune"], "[stages.tvm-tune]\nenabled = false\n")

@@ -35,3 +35,10 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ok = proc.returncode in EXIT_CODES.values() if kind == "gate" else proc.returncode == 0
         assert ok and paths[kind].is_file(), (kind, proc.returncode, proc.stderr[-2000:])
     return paths
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The session's real reports take ~15 s to make: tests that read them are slow ones.
+    for item in items:
+        if "reports" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

@@ -52,6 +52,7 @@ def render(path: Path, tmp_path: Path) -> tuple[str, dict[str, tuple[bytes, str]
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_every_report_kind_renders_as_a_page_with_plots_of_its_numbers(
     reports: dict[str, Path], kind: str, tmp_path: Path
 ) -> None:
@@ -86,6 +87,7 @@ def test_every_report_kind_renders_as_a_page_with_plots_of_its_numbers(
         assert f"candidate p50 {ms(float(np.median(cand['samples_ms'])))}" in caption
 
 
+@pytest.mark.slow
 def test_a_gate_of_saved_reports_plots_each_repetition(tmp_path: Path) -> None:
     from tests.gate.test_gate import repetitions, write_bench_report
 
@@ -121,6 +123,7 @@ def test_a_max_qps_search_plots_latency_against_load(tmp_path: Path) -> None:
         assert f"{point['offered_qps']:.1f} qps: {figures_of_point}" in caption
 
 
+@pytest.mark.slow
 def test_markdown_to_a_file_links_the_same_images(reports: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "bench.md"
     page_path = tmp_path / "bench.html"
@@ -138,6 +141,7 @@ def test_markdown_to_a_file_links_the_same_images(reports: dict[str, Path], tmp_
     assert proc.returncode == 2 and "lto did not write" in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_optimize_artifact_carries_report_html_and_linked_plots(reports: dict[str, Path]) -> None:
     folder = reports["optimize"].parent
     page = (folder / "report.html").read_text()

@@ -132,6 +132,7 @@ def _ms(value: float) -> str:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_lto_report_renders_every_kind_as_markdown_with_its_numbers(
     reports: dict[str, Path], kind: str
 ) -> None:

@@ -136,6 +136,7 @@ def test_batch_forms_after_max_wait_with_no_further_arrival() -> None:
     assert all(r.queue_ms >= 45 for r in results)
 
 
+@pytest.mark.slow
 def test_sparse_arrivals_do_not_wait_for_company() -> None:
     backend = SleepBackend(base_ms=1)
 

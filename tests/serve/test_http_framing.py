@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 import h11
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -243,6 +244,7 @@ def check(stream: bytes, cuts: list[int], *, well_formed_stream: bool) -> None:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(well_formed(), min_size=1, max_size=3), st.lists(st.integers(0, 10_000), max_size=6))
+@pytest.mark.slow
 def test_well_formed_streams_are_read_as_h11_reads_them_however_they_are_split(
     requests: list[bytes], cuts: list[int]
 ) -> None:

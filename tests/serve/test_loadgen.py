@@ -64,6 +64,7 @@ def serial_target(ms: float) -> tuple[Batcher, InProcessEndpoint]:
     return batcher, InProcessEndpoint(batcher, {"x": np.zeros((1, 4), np.float32)})
 
 
+@pytest.mark.slow
 def test_statistics_errors_and_breakdown_on_a_target_of_known_latency() -> None:
     settings = LoadSettings(concurrency=1, requests=200, warmup=0, slo_ms=LONG, percentile=99)
     result: LoadResult = run(run_load(PatternEndpoint(), settings))
@@ -107,6 +108,7 @@ def test_closed_loop_on_a_serial_server_of_known_latency() -> None:
     assert model["p50"] >= 10.0
 
 
+@pytest.mark.slow
 def test_open_loop_keeps_the_poisson_schedule_and_reports_queueing() -> None:
     async def main() -> tuple[LoadResult, float]:
         batcher, target = serial_target(2.0)
@@ -149,6 +151,7 @@ def test_slo_verdict_passes_and_fails_on_the_percentile() -> None:
     assert passed["passed"] and passed["value_ms"] >= 5.0
 
 
+@pytest.mark.slow
 def test_find_max_qps_brackets_the_capacity_of_a_serial_server() -> None:
     async def main() -> Any:
         batcher, target = serial_target(10.0)  # capacity: 100 requests/s
@@ -196,6 +199,7 @@ def test_report_is_valid_in_the_shared_schema() -> None:
     assert report["load"]["verdict"]["passed"] is False  # 4% errors
 
 
+@pytest.mark.slow
 def test_lto_load_in_process_writes_a_report_and_exits_with_the_verdict(tmp_path: Path) -> None:
     model = make_matmul_model(tmp_path / "tiny.onnx", features=16, out=4)
     report_path = tmp_path / "load.json"
@@ -217,6 +221,7 @@ def test_lto_load_in_process_writes_a_report_and_exits_with_the_verdict(tmp_path
     assert bad.returncode == 2 and "--qps must be positive" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_lto_serve_validate_runs_load_over_http_and_exits_with_the_verdict(tmp_path: Path) -> None:
     model = make_matmul_model(tmp_path / "tiny.onnx", features=16, out=4)
     report_path = tmp_path / "validate.json"
@@ -269,6 +274,7 @@ def test_lto_load_drives_an_artifact_in_process(tmp_path: Path) -> None:
     assert report["load"]["runs"][0]["completed_ok"] == 100
 
 
+@pytest.mark.slow
 def test_lto_load_and_serve_refuse_bad_targets_with_one_line(tmp_path: Path) -> None:
     from tests.cli_helpers import assert_clean_error
 

@@ -360,6 +360,7 @@ def test_tritonclient_round_trip_matches_onnxruntime(tmp_path: Path) -> None:
         proc.wait(timeout=60)
 
 
+@pytest.mark.slow
 def test_sigterm_drains_the_request_in_flight_then_exits_cleanly(tmp_path: Path) -> None:
     import urllib.request
 

@@ -401,6 +401,7 @@ def test_404_405_and_non_finite_outputs_are_valid_json() -> None:
 
 
 # ----------------------------------------------------------------------------- 4. the client side
+@pytest.mark.slow
 def test_lto_load_finds_dim_names_over_http_and_exits_1_only_when_the_slo_is_missed() -> None:
     # The new flags parse and run (their behaviour is tested in-process above).
     proc, url = _start_serve(str(BERT), "--threads", "1", "--max-inflight", "64", "--max-inflight-mb", "16",

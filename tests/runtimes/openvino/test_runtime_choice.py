@@ -84,6 +84,7 @@ def _optimize_with_winner(tmp_path: Path, winner: str) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_openvino_artifact_round_trip(tmp_path: Path) -> None:
     out = _optimize_with_winner(tmp_path, "openvino-convert:f32")
     manifest = json.loads((out / "manifest.json").read_text())

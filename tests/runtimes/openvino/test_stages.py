@@ -162,6 +162,7 @@ def test_transformer_is_quantized_as_one(tmp_path: Path) -> None:
     assert cands[0].details["smooth_quant"] == "on" and cands[0].details["preset"] == "mixed"
 
 
+@pytest.mark.slow
 def test_transformer_ladder_tries_smooth_quant_and_attention_in_float_before_back_off(tmp_path: Path) -> None:
     model = SAMPLES / "bert_tiny.onnx"
     feeds = {

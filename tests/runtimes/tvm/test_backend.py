@@ -14,6 +14,8 @@ import pytest
 from optimize.errors import BackendUnavailable, UsageError
 from tests.runtimes.tvm.helpers import FEEDS, mlp_model
 
+pytestmark = pytest.mark.tvm
+
 
 def test_artifact_files_and_refusal_on_a_cpu_without_the_isa(
     tuned: dict[str, Any], monkeypatch: pytest.MonkeyPatch

@@ -6,6 +6,8 @@ import pytest
 
 from optimize.errors import UsageError
 
+pytestmark = pytest.mark.tvm
+
 
 def test_target_detection_and_validation() -> None:
     pytest.importorskip("tvm")

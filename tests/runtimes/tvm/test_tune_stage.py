@@ -29,6 +29,8 @@ from optimize.stage import Candidate, StageSkipped
 from tests.factories import logged, make_stage_context
 from tests.runtimes.tvm.helpers import FEEDS, TINY, mlp_model, ort_outputs
 
+pytestmark = pytest.mark.tvm
+
 
 def lstm_model(path: Path) -> Path:
     """A model with an op the Relax ONNX frontend does not convert (LSTM)."""

@@ -6,6 +6,8 @@ import pytest
 
 from optimize.errors import UsageError
 
+pytestmark = pytest.mark.tvm
+
 
 def test_plan_covers_every_task_before_deepening() -> None:
     from optimize.runtimes.tvm.tuning import TaskState, TuneSettings, plan
