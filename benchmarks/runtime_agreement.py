@@ -1,6 +1,6 @@
 """Does lto's side-by-side figure agree with each side timed alone in a process of its own?
 
-For each corpus model (benchmarks/corpus) and each pair kind, side A is the original on ONNX
+For each corpus model (corpus) and each pair kind, side A is the original on ONNX
 Runtime defaults and side B is:
 
     ort-int8   the model quantized by hand (static QDQ, as benchmarks/corpus_speedups.py does)
@@ -47,8 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.corpus import ENTRIES, CorpusError  # noqa: E402
-from benchmarks.corpus.data import Feed, read_calib_npz, write_calib_npz  # noqa: E402
+from corpus import ENTRIES, CorpusError  # noqa: E402
+from corpus.data import Feed, read_calib_npz, write_calib_npz  # noqa: E402
 
 PAIRS = ("ort-int8", "ov-f32", "ov-bf16", "ov-int8", "no-spin")
 AGREE = 0.10  # the issue's bound: lto's figure within ±10% of the alone figure
@@ -222,8 +222,8 @@ class ArtifactRow:
 
 def check_artifact(name: str, args: argparse.Namespace, work: Path) -> ArtifactRow:
     """lto optimize as a user runs it, then its headline against the other two figures."""
-    from benchmarks.corpus.prepare import prepare
     from benchmarks.corpus_speedups import alone_speedups, lto_command, one_line_error
+    from corpus.prepare import prepare
 
     row = ArtifactRow(name)
     data = work / f"{name}-data"

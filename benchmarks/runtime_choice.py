@@ -1,6 +1,6 @@
 """ONNX Runtime against OpenVINO on the real-model corpus, and whether lto picks the faster one.
 
-For each corpus entry (benchmarks/corpus), on one draw of realistic samples split into disjoint sets
+For each corpus entry (corpus), on one draw of realistic samples split into disjoint sets
 (the bench input, the user's 32 rows, fresh rows for the task metric), as in
 benchmarks/corpus_speedups.py:
 
@@ -42,9 +42,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` and `optimize` importable
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.corpus import ENTRIES, CorpusError, Entry  # noqa: E402
-from benchmarks.corpus.data import Feed, write_calib_npz, write_input_npz  # noqa: E402
 from benchmarks.corpus_speedups import alone_speedups, lto_command, one_line_error  # noqa: E402
+from corpus import ENTRIES, CorpusError, Entry  # noqa: E402
+from corpus.data import Feed, write_calib_npz, write_input_npz  # noqa: E402
 
 RUNTIMES = ("onnxruntime", "openvino", "auto")
 COLUMNS = {"onnxruntime": "ORT-best", "openvino": "OpenVINO-best", "auto": "lto's choice"}

@@ -48,9 +48,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.corpus.entries import get as corpus_entry  # noqa: E402
 from benchmarks.raw_load import infer_load  # noqa: E402
 from benchmarks.serve_overhead import low_load, raw_overhead, start_server, stop_server  # noqa: E402
+from corpus.entries import get as corpus_entry  # noqa: E402
 from optimize.serve.loadgen import Endpoint, HttpEndpoint, LoadSettings, run_load  # noqa: E402
 from optimize.serve.protocol import encode_request  # noqa: E402
 

