@@ -14,20 +14,20 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from optimize.errors import LtoError, UsageError
 
 
-def _disk_error(path: Path, exc: OSError) -> LtoError:
+def _disk_error(path: Path, exc: OSError, writable_hint: str = "choose a writable output path") -> LtoError:
     if exc.errno == errno.ENOSPC:
         return LtoError(
             f"disk full while writing {path}", "free some space and run again; nothing was replaced"
         )
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return LtoError(f"cannot write {path}: {exc.strerror}", "choose a writable output path")
+        return LtoError(f"cannot write {path}: {exc.strerror}", writable_hint)
     return LtoError(f"cannot write {path}: {exc.strerror or exc}")
 
 
@@ -102,12 +102,19 @@ def _json_default(obj: Any) -> Any:
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike[str], *, force: bool = False) -> Iterator[Path]:
+def atomic_directory(
+    path: str | os.PathLike[str],
+    *,
+    force: bool = False,
+    check: Callable[[Path], None] | None = None,
+    writable_hint: str = "choose a writable output path",
+) -> Iterator[Path]:
     """Yield a staging directory; on success it replaces `path` whole, on failure it is removed.
 
     The previous contents of `path` stay intact until the final rename, so Ctrl-C or a crash
-    mid-run never leaves half an artifact behind. `path` is checked again just before the swap
-    (`check_output_dir`): files someone put there while lto worked are never removed.
+    mid-run never leaves half an artifact behind. `path` is checked again just before the swap,
+    by `check` (default: `check_output_dir`, the rule for lto's outputs): files someone put there
+    while lto worked are never removed.
     """
     target = Path(path)
     try:
@@ -115,10 +122,13 @@ def atomic_directory(path: str | os.PathLike[str], *, force: bool = False) -> It
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".staging", dir=target.parent))
         staging.chmod(0o777 & ~current_umask())  # mkdtemp makes it 0700
     except OSError as exc:
-        raise _disk_error(target, exc) from exc
+        raise _disk_error(target, exc, writable_hint) from exc
     try:
         yield staging
-        check_output_dir(target, force=force)
+        if check is not None:
+            check(target)
+        else:
+            check_output_dir(target, force=force)
         old: Path | None = None
         if target.exists():
             old = target.with_name(f".{target.name}.old-{os.getpid()}")
@@ -128,7 +138,7 @@ def atomic_directory(path: str | os.PathLike[str], *, force: bool = False) -> It
             shutil.rmtree(old, ignore_errors=True)
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        raise _disk_error(target, exc) from exc
+        raise _disk_error(target, exc, writable_hint) from exc
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -12,13 +12,9 @@ lto did not write are never touched. Triton ignores the two extra files in a mod
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shutil
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +26,7 @@ from optimize.export import kserve, runtimes
 from optimize.export.batching import BatchingPlan, BatchProfile, plan_batching
 from optimize.export.model_io import ModelIO, Tensor, onnx_io, openvino_io, tensorrt_io
 from optimize.export.pbtxt import Enum, to_plain, to_text
-from optimize.files import current_umask, sha256_file, write_json_atomic, write_text_atomic
+from optimize.files import atomic_directory, sha256_file, write_json_atomic, write_text_atomic
 
 MARKER = "lto-export.json"
 KSERVE_FILE = "inferenceservice.yaml"
@@ -354,36 +350,6 @@ def _contains_cwd(folder: Path) -> bool:
     return cwd == folder.resolve() or folder.resolve() in cwd.parents
 
 
-@contextlib.contextmanager
-def _staged(target: Path, artifact: Path) -> Iterator[Path]:
-    """A staging folder beside `target` that replaces it whole on success (files.atomic_directory's
-    pattern, with this module's rule for what may be replaced, checked again just before the swap)."""
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".staging", dir=target.parent))
-        staging.chmod(0o777 & ~current_umask())
-    except OSError as exc:
-        raise LtoError(
-            f"cannot write {target}: {exc.strerror or exc}", "choose a writable --triton folder"
-        ) from None
-    try:
-        yield staging
-        check_model_dir(target, artifact)
-        old: Path | None = None
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.replace(target, old)
-        os.replace(staging, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise LtoError(f"cannot write {target}: {exc.strerror or exc}") from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
 def _copy_model(
     artifact: Path, manifest: dict[str, Any], runtime_file: str, version_dir: Path
 ) -> dict[str, str]:
@@ -438,7 +404,13 @@ def export_triton(request: ExportRequest) -> ExportResult:
     target = request.repository / name
     result = build_config(request, manifest, name)
     runtime_file = str(result.config["default_model_filename"])
-    with _staged(target, artifact) as staging:
+    # Written whole or not at all, with this module's rule for what may be replaced, checked
+    # again just before the swap.
+    with atomic_directory(
+        target,
+        check=lambda t: check_model_dir(t, artifact),
+        writable_hint="choose a writable --triton folder",
+    ) as staging:
         version_dir = staging / VERSION
         version_dir.mkdir()
         copied = _copy_model(artifact, manifest, runtime_file, version_dir)
