@@ -34,7 +34,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -52,10 +52,7 @@ from optimize.task_metrics import (
     override_choice,
     vector_cosines,
 )
-
-if TYPE_CHECKING:
-    from optimize.recipes import Thresholds
-
+from optimize.thresholds import Thresholds
 
 Outputs = Mapping[str, np.ndarray]
 
@@ -326,8 +323,6 @@ def compare_outputs(
     if thresholds is not None:
         top1_tolerance = thresholds.top1_tolerance
     elif top1_tolerance:
-        from optimize.recipes import Thresholds
-
         thresholds = Thresholds(top1_tolerance=top1_tolerance)
     if choices is None:
         choices = choose_metrics(refs)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -32,9 +32,7 @@ from optimize.task_metrics import (
     distribution_kind,
     greedy_decode,
 )
-
-if TYPE_CHECKING:
-    from optimize.recipes import Thresholds
+from optimize.thresholds import Thresholds
 
 Outputs = Mapping[str, np.ndarray]
 

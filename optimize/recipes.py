@@ -28,13 +28,14 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optimize.env import check_thread_count
 from optimize.errors import UsageError
 from optimize.runtimes.tvm.tune_stage import OPTION_TYPES as TVM_TUNE_OPTIONS
+from optimize.thresholds import Thresholds
 
 if TYPE_CHECKING:
     import onnx
@@ -158,37 +159,6 @@ _DECISION_KEYS: dict[str, Any] = {"min_improvement": float}
 # Stage options that are thread counts (memory-layout, tvm-tune): bounded like --threads.
 _THREAD_OPTIONS = ("threads", "num_threads")
 _TOP_KEYS = {"name", "description", "order", "stages", "accuracy", "bench", "decision"}
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """Accuracy a candidate must keep against the reference (baseline) outputs (optimize.accuracy).
-
-    Every float output is judged whole and per slice (along each short axis) on its worst sample:
-    by `min_cosine` when it is an embedding or has no task metric, by `min_task_cosine` (a floor
-    that still catches a wrecked part) when a task metric judges it: top-1 agreement for
-    classifiers, greedy-decode equality for CTC outputs, candidate-set agreement for detection
-    heads. max_rel is max|candidate - reference| divided by max|reference| of that output (or
-    slice): an error relative to its scale, which stays meaningful where elements are ~0.
-    The defaults are what users accept of int8 models; the strict recipe tightens them.
-    """
-
-    min_cosine: float = 0.99
-    min_task_cosine: float = 0.8
-    max_abs: float | None = None
-    max_rel: float | None = None
-    min_top1: float | None = 0.99
-    top1_tolerance: float = 0.01
-    min_ctc: float | None = 0.99
-    min_detection: float | None = 0.9
-    detection_score: float = 0.25
-    detection_iou: float = 0.5
-    samples: int = 32
-    task_metrics: Mapping[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {**values, "task_metrics": dict(self.task_metrics)}
 
 
 @dataclass

@@ -23,7 +23,6 @@ from optimize.accuracy import (
     output_figures,
 )
 from optimize.errors import UsageError
-from optimize.recipes import Thresholds
 from optimize.task_metrics import (
     MetricChoice,
     box_iou,
@@ -33,6 +32,7 @@ from optimize.task_metrics import (
     greedy_decode,
     match_detections,
 )
+from optimize.thresholds import Thresholds
 
 # --- a detector head that concatenates boxes and scores ------------------------------------------
 

@@ -9,8 +9,8 @@ import pytest
 from optimize.accuracy import AccuracyResult, check
 from optimize.evidence import MIN_ROWS, Evidence, OutputTest, assess, is_lossy, numerics, output_evidence
 from optimize.pipeline import judge
-from optimize.recipes import Thresholds
 from optimize.task_metrics import MetricChoice
+from optimize.thresholds import Thresholds
 
 CLASSIFIER = MetricChoice("classifier", "test")
 DETECTION = MetricChoice("detection", "test", fields_last=True, objectness=True)

@@ -94,7 +94,8 @@ class OptimizeRequest:
         self._validate_data()
         overrides = self.accuracy_overrides()
         if overrides:
-            from optimize.recipes import Thresholds, parse_thresholds
+            from optimize.recipes import parse_thresholds
+            from optimize.thresholds import Thresholds
 
             parse_thresholds(overrides, "--accuracy ", base=Thresholds())  # ranges, before any work
         if self.metric is not None:

@@ -108,6 +108,8 @@ def test_in_process_backends_are_refused(resnet: tuple[Path, dict[str, np.ndarra
         backend.close()
 
 
+# slow: it reads how much CPU a busy process gets, which a parallel test run takes away.
+@pytest.mark.slow
 def test_wait_until_idle_tells_a_busy_process_from_an_idle_one() -> None:
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
