@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -37,3 +39,33 @@ def test_match_detections_tolerates_a_score_near_the_threshold() -> None:
     assert match_detections(ref, wrong_class, 0.5, 0.1) == (2, 4)
     moved = _dets([[0, 0, 10, 10], [32, 32, 52, 52]], [0.9, 0.52], [0, 1])
     assert match_detections(ref, moved, 0.5, 0.1) == (2, 4)
+
+
+def test_the_encoder_check_passes_small_noise_and_fails_a_scrambled_similarity_ranking() -> None:
+    from corpus.entries import _minilm_metric
+
+    rng = np.random.default_rng(0)
+    # 24 texts in 6 topics: neighbours within a topic, so the ranking of similarities means something.
+    topics = rng.normal(size=(6, 384))
+    hidden = [(topics[i % 6] + 1.5 * rng.normal(size=384)) * np.ones((1, 8, 384)) for i in range(24)]
+    inputs = [{"attention_mask": np.zeros((1, 1, 1, 8), np.float32)} for _ in hidden]
+    ref = [{"hidden": h.astype(np.float32)} for h in hidden]
+
+    def noisy(scale: float) -> list[dict[str, np.ndarray]]:
+        return [
+            {
+                "hidden": (
+                    h + scale * np.linalg.norm(h[0, 0]) / np.sqrt(384) * rng.normal(size=(1, 1, 384))
+                ).astype(np.float32)
+            }
+            for h in hidden
+        ]
+
+    result = _minilm_metric(ref, noisy(0.01), inputs)
+    assert result.passed, result.detail
+    # Every text's embedding still close to its own (cosine >= 0.994), but the similarities
+    # between texts, which retrieval ranks, move: the ranking catches what the cosine does not.
+    result = _minilm_metric(ref, noisy(0.1), inputs)
+    cosine = float(re.search(r"cosine min ([\d.]+)", result.detail).group(1))  # type: ignore[union-attr]
+    spearman = float(re.search(r"Spearman ([\d.]+)", result.detail).group(1))  # type: ignore[union-attr]
+    assert not result.passed and cosine >= 0.99 and spearman < 0.995, result.detail
