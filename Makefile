@@ -38,12 +38,15 @@ demo: install
 	$(BIN)/lto report reports/demo-$(DEMO_MODEL)/report.json -o reports/demo-$(DEMO_MODEL).md
 	@echo "artifact: reports/demo-$(DEMO_MODEL)/  report: reports/demo-$(DEMO_MODEL).md"
 
+# Both cores, then the timing tests one at a time: they read real CPU time and latency, which a
+# test running beside them on the other core would take away.
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 -m "not timing"
+	$(BIN)/python -m pytest -q -m timing
 
 # The loop while editing: every test but the slow, network and TVM ones (pyproject's markers).
 test-fast: install
-	$(BIN)/python -m pytest -q -n 2 -m "not slow and not network and not tvm"
+	$(BIN)/python -m pytest -q -n 2 -m "not slow and not network and not tvm and not timing"
 
 lint: install
 	$(BIN)/ruff check .

@@ -65,8 +65,11 @@ def test_compare_of_two_workers_times_each_side_in_its_own_process(
     assert result.isolation["parent_cpu_during_blocks_ms"] < 0.05 * timed_ms
 
 
+# timing: whether a spin is over is read from the CPU time the pool gets; a test beside it on
+# the other core starves the spinning thread, which then looks idle while it still has spin left.
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="ONNX Runtime has no pool to spin on one core")
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_spinning_pool_is_waited_out_and_reported(
     workers: list[Backend], resnet: tuple[Path, dict[str, np.ndarray]]
 ) -> None:
@@ -108,8 +111,9 @@ def test_in_process_backends_are_refused(resnet: tuple[Path, dict[str, np.ndarra
         backend.close()
 
 
-# slow: it reads how much CPU a busy process gets, which a parallel test run takes away.
+# timing: it reads how much CPU a busy process gets, which a parallel test run takes away.
 @pytest.mark.slow
+@pytest.mark.timing
 def test_wait_until_idle_tells_a_busy_process_from_an_idle_one() -> None:
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

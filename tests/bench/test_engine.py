@@ -61,6 +61,7 @@ def test_measure_counts_every_run_and_reports_schema_fields() -> None:
     assert data["throughput_per_s"] == pytest.approx(2 * 1000.0 / lat["mean"])
 
 
+@pytest.mark.timing
 def test_adaptive_stop_ends_early_on_a_steady_workload() -> None:
     backend = CountingBackend(work=2000)
     settings = BenchSettings(warmup=5, min_runs=30, max_runs=200000, max_time_s=30, target_ci_rel=0.5)
@@ -85,6 +86,7 @@ def test_measure_checks_feeds_before_timing() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_compare_sees_a_backend_that_does_more_work_as_slower() -> None:
     fast, slow = CountingBackend(work=200), CountingBackend(work=20000)
     settings = BenchSettings(
@@ -117,6 +119,7 @@ class SpinningNeighbour(CountingBackend):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_compare_pauses_between_sides_so_one_pool_cannot_slow_the_other() -> None:
     # A's pool "spins" 15 ms after each run and doubles B's run time meanwhile; alone, both take
     # 2 ms. Without the pause B reads 1.4x slower (the chunks right after A's); with it, as fast.

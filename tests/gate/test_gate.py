@@ -689,6 +689,7 @@ def _model(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_rerun_model_against_itself_is_not_regressed(tmp_path: Path) -> None:
     model = _model(tmp_path)
     summary = tmp_path / "s.md"
@@ -704,6 +705,7 @@ def test_rerun_model_against_itself_is_not_regressed(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_rerun_flags_a_much_slower_model(tmp_path: Path) -> None:
     model = _model(tmp_path)
     slow = tmp_path / "slow.onnx"

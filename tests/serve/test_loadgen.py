@@ -152,6 +152,7 @@ def test_slo_verdict_passes_and_fails_on_the_percentile() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_find_max_qps_brackets_the_capacity_of_a_serial_server() -> None:
     async def main() -> Any:
         batcher, target = serial_target(10.0)  # capacity: 100 requests/s

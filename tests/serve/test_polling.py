@@ -19,6 +19,7 @@ from tests.conftest import make_matmul_model
 from tests.serve.test_server import _start_serve, infer_json
 
 
+@pytest.mark.timing
 def test_polling_catches_an_event_within_the_window_and_is_bounded_otherwise() -> None:
     reader, writer = socket.socketpair()
     selector = PollingSelector(poll_s=0.5)
@@ -48,6 +49,7 @@ def test_polling_catches_an_event_within_the_window_and_is_bounded_otherwise() -
         writer.close()
 
 
+@pytest.mark.timing
 def test_polling_stops_while_it_does_not_pay_and_resumes_when_events_come_quickly() -> None:
     reader, writer = socket.socketpair()
     selector = PollingSelector(poll_s=0.02)
