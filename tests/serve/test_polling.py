@@ -12,8 +12,9 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from optimize.runtimes import open_backend
+from optimize.runtimes.backends import open_backend
 from optimize.serve.polling import PollingSelector
 from tests.conftest import make_matmul_model
 from tests.serve.test_server import _start_serve, infer_json
