@@ -19,7 +19,7 @@ import numpy as np
 
 from optimize.bench import BenchSettings, measure
 from optimize.inputs import resolve_inputs
-from optimize.runtimes import open_backend
+from optimize.runtimes.backends import open_backend
 from optimize.stats import bootstrap_ci
 
 ROOT = Path(__file__).resolve().parent.parent

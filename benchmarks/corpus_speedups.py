@@ -163,7 +163,7 @@ def run_optimize(
 def judge_outside(entry: Entry, model: Path, art: Path, fresh: list[Feed], run: Run) -> None:
     """The entry's task metric: the artifact's outputs against the original's on the fresh rows."""
     from optimize.runtime_model import resolve_model
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     base = open_backend("onnxruntime", model, {})
     try:
@@ -270,7 +270,7 @@ def measure_by_hand(
     max_time_s: float,
 ) -> None:  # fmt: skip
     from optimize.bench import BenchSettings, compare
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     out = work / f"{entry.name}.by-hand.onnx"
     try:

@@ -35,7 +35,7 @@ from optimize.gpu import gpu_status  # noqa: E402
 from optimize.inputs import resolve_inputs  # noqa: E402
 from optimize.render.markdown import render_markdown  # noqa: E402
 from optimize.report import new_report, write_report  # noqa: E402
-from optimize.runtimes import open_backend  # noqa: E402
+from optimize.runtimes.backends import open_backend  # noqa: E402
 
 
 def output_agreement(want: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:

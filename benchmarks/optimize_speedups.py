@@ -46,7 +46,7 @@ def remeasure(name: str, extra: list[str], out_dir: Path, max_time_s: float) -> 
     from optimize.artifact import load_artifact
     from optimize.bench import BenchSettings, compare
     from optimize.inputs import parse_shape_args, resolve_inputs
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     shapes = parse_shape_args([extra[i + 1] for i, a in enumerate(extra) if a == "--shape"])
     model = SAMPLES / f"{name}.onnx"

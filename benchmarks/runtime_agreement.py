@@ -120,7 +120,7 @@ def alone_p50(kind: str, path: Path, config: dict[str, Any], feed_file: Path, se
 
 def _alone_child(spec_json: str) -> None:
     from optimize.bench import BenchSettings, measure
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     spec = json.loads(spec_json)
     # np.asarray: a 0-d input (silero's sample rate) reads back as a numpy scalar
@@ -135,7 +135,7 @@ def _alone_child(spec_json: str) -> None:
 
 def measure_pair(row: Row, model: Path, feed: Feed, calib: list[Feed], args: argparse.Namespace) -> None:
     from optimize.bench import BenchSettings, compare
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
     from optimize.runtimes.worker import open_in_worker
 
     with tempfile.TemporaryDirectory(prefix="lto-agree-") as tmp:

@@ -113,7 +113,7 @@ def measure(entry: Entry, model: Path, arts: dict[str, Path], bench: Feed, fresh
             max_time_s: float) -> None:  # fmt: skip
     from optimize.bench import compare
     from optimize.runtime_model import resolve_model
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     settings = _settings(max_time_s)
     base = open_backend("onnxruntime", model, {})

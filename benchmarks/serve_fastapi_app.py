@@ -18,8 +18,8 @@ import onnxruntime as ort
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from optimize.backend import TensorSpec
 from optimize.errors import InputError
-from optimize.runtimes.base import TensorSpec
 from optimize.serve.protocol import HEADER_LENGTH, decode_request, encode_response
 
 _ORT_TO_NUMPY = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(int32)": "int32"}

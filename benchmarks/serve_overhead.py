@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.raw_load import binary_infer_request, http_request  # noqa: E402
 from optimize.inputs import parse_shape_args, resolve_inputs  # noqa: E402
-from optimize.runtimes import open_backend  # noqa: E402
+from optimize.runtimes.backends import open_backend  # noqa: E402
 from optimize.serve.batcher import Batcher, BatcherConfig  # noqa: E402
 from optimize.serve.loadgen import (  # noqa: E402
     Endpoint,

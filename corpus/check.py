@@ -20,7 +20,7 @@ from corpus.entries import ENTRIES, get
 
 def check(name: str, artifact: Path, rows: Path) -> tuple[bool, str]:
     from optimize.runtime_model import resolve_model
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     entry = get(name)
     samples = read_calib_npz(rows)

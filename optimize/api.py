@@ -17,9 +17,8 @@ from optimize.units import parse_duration, parse_percentile_key
 if TYPE_CHECKING:
     import numpy as np
 
+    from optimize.backend import Backend, TensorSpec
     from optimize.pipeline import PipelineResult, Progress
-    from optimize.runtimes import Backend
-    from optimize.runtimes.base import TensorSpec
 
 Shapes = Mapping[str, Sequence[int]] | Iterable[str]
 
@@ -226,7 +225,7 @@ def load(artifact: str | Path) -> LoadedModel:
         with optimize.load("out/model") as model:
             outputs = model.run({"input": batch})   # {"logits": array, ...}
     """
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     path = Path(artifact)
     if path.is_dir():

@@ -327,8 +327,8 @@ def _check_manifest_types(name: str, manifest: Mapping[str, Any]) -> None:
     if not is_a(manifest["requires"].get("arch"), (str, type(None))):
         raise bad("requires.arch", "a string", manifest["requires"]["arch"])
     # Thread counts: the same bound as --threads, so a manifest cannot start 100000 threads.
+    from optimize.backend import check_thread_settings
     from optimize.errors import UsageError
-    from optimize.runtimes.base import check_thread_settings
 
     try:
         check_thread_settings(str(manifest["backend"]), manifest["runtime_config"])

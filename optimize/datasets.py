@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from optimize.backend import TensorSpec
 from optimize.errors import InputError, UsageError
 from optimize.inputs import embedding_vocab_sizes, load_samples
 from optimize.pipeline.rows import RealRows, read_real_rows
-from optimize.runtimes.base import TensorSpec
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 AUDIO_SUFFIXES = (".wav",)

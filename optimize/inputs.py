@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from optimize.backend import TensorSpec, check_feeds
 from optimize.errors import InputError, UsageError
-from optimize.runtimes.base import TensorSpec, check_feeds
 
 _SHAPE_ARG = re.compile(r"^\s*([^=\s]+)\s*=\s*([0-9xX,\s]+)\s*$")
 

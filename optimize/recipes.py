@@ -28,13 +28,25 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optimize.env import check_thread_count
 from optimize.errors import UsageError
-from optimize.runtimes.tvm.tune_stage import OPTION_TYPES as TVM_TUNE_OPTIONS
+from optimize.options import (
+    Schema,
+    boolean,
+    check_table,
+    choice,
+    integer,
+    number,
+    string,
+    table,
+    thread_options,
+)
+from optimize.runtimes.registry import stage_infos
+from optimize.task_metrics import METRICS
 from optimize.thresholds import Thresholds
 
 if TYPE_CHECKING:
@@ -52,113 +64,53 @@ INSTALLED_RECIPES_DIR = Path(sys.prefix) / "share" / "lto" / "recipes"
 
 RUN_WHEN = ("always", "above-target")
 
-# Option schemas. A value is a type (or tuple of types) or a tuple of allowed strings.
-# `int` also accepts nothing but ints (bool is rejected), `float` accepts ints and floats.
-_Choice = tuple[str, ...]
-_COMMON_STAGE_OPTIONS: dict[str, Any] = {
-    "enabled": bool,
-    "budget_s": float,  # wall-clock budget handed to the stage as ctx.deadline
-    "run_when": RUN_WHEN,
+# The tables every recipe may have besides its stages' (optimize.options schemas).
+_COMMON_STAGE_OPTIONS: dict[str, Schema] = {
+    "enabled": boolean(),
+    "budget_s": number(),  # wall-clock budget handed to the stage as ctx.deadline
+    "run_when": choice(*RUN_WHEN),
 }
-STAGE_OPTIONS: dict[str, dict[str, Any]] = {
-    "graph-fusion": {
-        # Detected from the graph when absent; set them only to override the detection.
-        "model_type": ("bert", "bart", "gpt2", "t5", "vit", "clip", "unet", "vae", "swin", "phi", "sam2"),
-        "num_heads": int,
-        "hidden_size": int,
-        "gelu_approximation": bool,
-        "embed_layer_norm": bool,
+_ACCURACY_KEYS: dict[str, Schema] = {
+    # embeddings and outputs with no task metric: worst sample, worst slice
+    "min_cosine": number(maximum=1.0),
+    # outputs a task metric judges: a floor under it, whole and per slice
+    "min_task_cosine": number(maximum=1.0),
+    "max_abs": number(),
+    "max_rel": number(),  # whole output and worst slice
+    "min_top1": number(maximum=1.0),
+    # near-ties within this fraction of a row's logit range do not count
+    "top1_tolerance": number(maximum=1.0),
+    "min_ctc": number(maximum=1.0),  # sequences whose greedy CTC decode is unchanged
+    "min_detection": number(maximum=1.0),  # detection candidate-set agreement
+    "detection_score": number(maximum=1.0),  # score above which a detection candidate counts
+    "detection_iou": number(maximum=1.0),  # IoU at which two candidates are the same detection
+    "samples": integer(minimum=1),  # accuracy samples, each checked; the worst case decides
+    "task_metrics": {  # output name -> classifier | embedding | ctc | detection | none
+        "type": "object",
+        "additionalProperties": choice(*METRICS),
     },
-    "operator-fusion": {
-        "levels": list,  # ORT levels to save offline / apply at load: "extended", "layout"
-    },
-    "memory-layout": {
-        "layout": bool,  # try ORT's NCHWc/NHWC layout transformers on conv nets
-        "search_threads": bool,
-        "search_spinning": bool,
-        "threads": int,  # intra-op threads; default: the physical cores
-    },
-    "quantize": {
-        "mode": ("auto", "dynamic", "static"),
-        "calibration": ("minmax", "entropy", "percentile"),
-        "calib_data": str,  # .npz path; --calib-data sets it
-        "calib_samples": int,
-        "per_channel": bool,
-        "points": list,  # search exactly these points, in order (labels like "dynamic-pc-matmul")
-        "max_points": int,
-        "max_backoff_rounds": int,
-        "exclude_nodes": list,
-        "fp16": bool,
-        "fused_variant": bool,
-    },
-    "openvino-convert": {
-        "bf16": bool,  # also propose bf16 where the CPU has native bf16 (avx512_bf16 / amx_bf16)
-        "search_threads": bool,  # physical cores vs all logical CPUs, on a CPU with SMT
-        "search_pinning": bool,  # CPU pinning on vs off, measured
-        "threads": int,
-    },
-    "openvino-quantize": {
-        "calib_data": str,  # .npz path; --calib-data sets it
-        "calib_samples": int,
-        "preset": ("auto", "performance", "mixed"),
-        "smooth_quant": ("auto", "on", "off"),
-        "max_backoff_rounds": int,
-        "exclude_nodes": list,  # OpenVINO node names kept in float
-        "bf16": bool,  # also propose the int8 IR with its float parts at bf16
-        "threads": int,
-    },
-    # The stage declares its own options (it validates them again when it runs).
-    "tvm-tune": dict(TVM_TUNE_OPTIONS),
-    "tensorrt-build": {
-        "runtime": str,
-        "precisions": list,
-        "shapes": list,
-        "workspace_mb": int,
-        "builder_optimization_level": int,
-        "hardware_compatibility": str,
-        "timing_cache": bool,
-        "cuda_graph": bool,
-        "cache_dir": str,
-    },
-}
-
-# Allowed items of list-valued options.
-_LIST_ITEMS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("operator-fusion", "levels"): ("basic", "extended", "layout", "all"),
-    ("tensorrt-build", "precisions"): ("fp32", "fp16"),
-}
-
-_ACCURACY_KEYS: dict[str, Any] = {
-    "min_cosine": float,  # embeddings and outputs with no task metric: worst sample, worst slice
-    "min_task_cosine": float,  # outputs a task metric judges: a floor under it, whole and per slice
-    "max_abs": float,
-    "max_rel": float,  # whole output and worst slice
-    "min_top1": float,
-    "top1_tolerance": float,  # near-ties within this fraction of a row's logit range do not count
-    "min_ctc": float,  # sequences whose greedy CTC decode is unchanged
-    "min_detection": float,  # detection candidate-set agreement
-    "detection_score": float,  # score above which a detection candidate counts
-    "detection_iou": float,  # IoU at which two candidates are the same detection
-    "samples": int,  # accuracy samples, each checked; the worst case decides
-    "task_metrics": dict,  # output name -> classifier | embedding | ctc | detection | none
 }
 # Thresholds that may be switched off (None) from the command line (`--accuracy rel=off`).
 OPTIONAL_THRESHOLDS = ("max_abs", "max_rel", "min_top1", "min_ctc", "min_detection")
-_BENCH_KEYS: dict[str, Any] = {
-    "warmup": int,
-    "min_runs": int,
-    "max_runs": int,
-    "max_time_s": float,
-    "target_ci_rel": float,
-    "chunk_s": float,
-    "settle_s": float,
-    "block_s": float,
-    "settle_max_s": float,
+_BENCH_KEYS: dict[str, Schema] = {
+    "warmup": integer(),
+    "min_runs": integer(),
+    "max_runs": integer(),
+    "max_time_s": number(),
+    "target_ci_rel": number(),
+    "chunk_s": number(),
+    "settle_s": number(),
+    "block_s": number(),
+    "settle_max_s": number(),
 }
-_DECISION_KEYS: dict[str, Any] = {"min_improvement": float}
-# Stage options that are thread counts (memory-layout, tvm-tune): bounded like --threads.
-_THREAD_OPTIONS = ("threads", "num_threads")
+_DECISION_KEYS: dict[str, Schema] = {"min_improvement": number(maximum=0.999999)}
 _TOP_KEYS = {"name", "description", "order", "stages", "accuracy", "bench", "decision"}
+
+
+def stage_options(name: str) -> dict[str, Schema]:
+    """The options a recipe may give stage `name`: every stage's, then those it declares."""
+    info = stage_infos().get(name)
+    return {**_COMMON_STAGE_OPTIONS, **(info.options if info else {})}
 
 
 @dataclass
@@ -250,63 +202,11 @@ def load_recipe(name_or_path: str, known_stages: Sequence[str] | None = None) ->
     return parse_recipe(data, source=str(path), known_stages=known_stages)
 
 
-def _type_name(expected: Any) -> str:
-    if isinstance(expected, tuple):
-        return "one of " + ", ".join(repr(c) for c in expected)
-    return {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "a table",
-    }[expected]
-
-
-def _check_value(where: str, key_path: str, value: Any, expected: Any) -> Any:
-    ok: bool
-    if isinstance(expected, tuple):
-        ok = isinstance(value, str) and value in expected
-    elif expected is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif expected is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, expected)
-    if not ok:
-        raise UsageError(f"recipe {where}: {key_path}: expected {_type_name(expected)}, got {value!r}")
-    return value
-
-
-def _check_table(where: str, prefix: str, table: Any, schema: Mapping[str, Any]) -> dict[str, Any]:
-    if not isinstance(table, dict):
-        raise UsageError(f"recipe {where}: {prefix}: expected a table, got {table!r}")
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if key not in schema:
-            raise UsageError(
-                f"recipe {where}: {prefix}.{key}: unknown key",
-                f"known keys under {prefix}: {', '.join(schema)}",
-            )
-        out[key] = _check_value(where, f"{prefix}.{key}", value, schema[key])
-    return out
-
-
-def _non_negative(where: str, key_path: str, value: float | int | None) -> None:
-    if value is not None and value < 0:
-        raise UsageError(f"recipe {where}: {key_path}: must not be negative, got {value}")
-
-
 def parse_thresholds(values: Mapping[str, Any], where: str, base: Thresholds | None = None) -> Thresholds:
     """Thresholds from checked accuracy values (a recipe table or the command line) over `base`.
 
     `where` prefixes every error, e.g. "recipe r.toml: accuracy." or "--accuracy ".
     """
-    from dataclasses import replace
-
-    from optimize.task_metrics import METRICS
-
     values = dict(values)
     for key, value in values.items():
         if key == "task_metrics" or value is None:
@@ -331,23 +231,23 @@ def parse_thresholds(values: Mapping[str, Any], where: str, base: Thresholds | N
 
 
 def parse_recipe(data: Mapping[str, Any], source: str, known_stages: Sequence[str] | None = None) -> Recipe:
-    """Validate parsed TOML and build a Recipe. `known_stages` defaults to the stage registry."""
-    from optimize.runtimes import STAGES
-
+    """Validate parsed TOML and build a Recipe. `known_stages` defaults to the stage registry;
+    each stage's options are checked against the schema its runtime spec declares."""
     where = Path(source).name
-    stage_names = list(known_stages) if known_stages is not None else list(STAGES)
-    for key in data:
-        if key not in _TOP_KEYS:
-            raise UsageError(
-                f"recipe {where}: {key}: unknown key", f"known keys: {', '.join(sorted(_TOP_KEYS))}"
-            )
+    stage_names = list(known_stages) if known_stages is not None else list(stage_infos())
+    top = check_table(
+        f"recipe {where}: ",
+        "",
+        data,
+        {"name": string(), "description": string(), "order": {"type": "array"}}
+        | {key: table() for key in ("stages", "accuracy", "bench", "decision")},
+    )
+    name = top.get("name", Path(source).stem)
+    description = top.get("description", "")
 
-    name = _check_value(where, "name", data.get("name", Path(source).stem), str)
-    description = _check_value(where, "description", data.get("description", ""), str)
-
-    if "order" not in data:
+    if "order" not in top:
         raise UsageError(f"recipe {where}: order: missing", "list the stages in the order they run")
-    order = _check_value(where, "order", data["order"], list)
+    order = top["order"]
     seen: set[str] = set()
     for i, stage_name in enumerate(order):
         if not isinstance(stage_name, str):
@@ -361,62 +261,41 @@ def parse_recipe(data: Mapping[str, Any], source: str, known_stages: Sequence[st
             raise UsageError(f"recipe {where}: order[{i}]: stage {stage_name!r} listed twice")
         seen.add(stage_name)
 
-    stage_tables = data.get("stages", {})
-    if not isinstance(stage_tables, dict):
-        raise UsageError(f"recipe {where}: stages: expected a table of per-stage options")
-    specs: list[StageSpec] = []
+    stage_tables = top.get("stages", {})
     for stage_name in stage_tables:
         if stage_name not in seen:
             raise UsageError(
                 f"recipe {where}: stages.{stage_name}: options for a stage that is not in `order`",
                 "add it to `order` or remove the table",
             )
+    specs: list[StageSpec] = []
     for stage_name in order:
-        schema = {**_COMMON_STAGE_OPTIONS, **STAGE_OPTIONS.get(stage_name, {})}
-        table = _check_table(where, f"stages.{stage_name}", stage_tables.get(stage_name, {}), schema)
-        budget = table.pop("budget_s", None)
-        _non_negative(where, f"stages.{stage_name}.budget_s", budget)
-        for key, value in table.items():
-            if isinstance(value, int) and not isinstance(value, bool):
-                _non_negative(where, f"stages.{stage_name}.{key}", value)
-            if key in _THREAD_OPTIONS:
-                check_thread_count(value, f"recipe {where}: stages.{stage_name}.{key}")
-            allowed = _LIST_ITEMS.get((stage_name, key))
-            if allowed is not None:
-                for j, item in enumerate(value):
-                    if item not in allowed:
-                        raise UsageError(
-                            f"recipe {where}: stages.{stage_name}.{key}[{j}]: expected one of "
-                            f"{', '.join(repr(a) for a in allowed)}, got {item!r}"
-                        )
+        schema = stage_options(stage_name)
+        prefix = f"stages.{stage_name}"
+        options = check_table(f"recipe {where}: ", prefix, stage_tables.get(stage_name, {}), schema)
+        for key in thread_options(schema):
+            if key in options:
+                check_thread_count(options[key], f"recipe {where}: {prefix}.{key}")
         specs.append(
             StageSpec(
                 name=stage_name,
-                enabled=table.pop("enabled", True),
-                budget_s=budget,
-                run_when=table.pop("run_when", "always"),
-                options=table,
+                enabled=options.pop("enabled", True),
+                budget_s=options.pop("budget_s", None),
+                run_when=options.pop("run_when", "always"),
+                options=options,
             )
         )
 
-    acc = _check_table(where, "accuracy", data.get("accuracy", {}), _ACCURACY_KEYS)
+    acc = check_table(f"recipe {where}: ", "accuracy", top.get("accuracy", {}), _ACCURACY_KEYS)
     thresholds = parse_thresholds(acc, f"recipe {where}: accuracy.")
 
-    bench = _check_table(where, "bench", data.get("bench", {}), _BENCH_KEYS)
-    for key, value in bench.items():
-        _non_negative(where, f"bench.{key}", value)
+    bench = check_table(f"recipe {where}: ", "bench", top.get("bench", {}), _BENCH_KEYS)
     if bench.get("min_runs", 1) < 1 or bench.get("max_runs", 1) < bench.get("min_runs", 1):
         raise UsageError(
             f"recipe {where}: bench.max_runs: must be at least bench.min_runs (and min_runs >= 1)"
         )
 
-    decision = _check_table(where, "decision", data.get("decision", {}), _DECISION_KEYS)
-    min_improvement = decision.get("min_improvement", 0.05)
-    if not 0.0 <= min_improvement < 1.0:
-        raise UsageError(
-            f"recipe {where}: decision.min_improvement: expected 0 <= x < 1, got {min_improvement}"
-        )
-
+    decision = check_table(f"recipe {where}: ", "decision", top.get("decision", {}), _DECISION_KEYS)
     return Recipe(
         name=name,
         source=source,
@@ -424,7 +303,7 @@ def parse_recipe(data: Mapping[str, Any], source: str, known_stages: Sequence[st
         stages=specs,
         accuracy=thresholds,
         bench=bench,
-        min_improvement=float(min_improvement),
+        min_improvement=float(decision.get("min_improvement", 0.05)),
     )
 
 
@@ -467,7 +346,6 @@ def recipe_for_kind(kind: str) -> str:
 
 __all__ = [
     "RUN_WHEN",
-    "STAGE_OPTIONS",
     "Recipe",
     "StageSpec",
     "Thresholds",
@@ -478,4 +356,5 @@ __all__ = [
     "parse_thresholds",
     "recipe_for_kind",
     "resolve_recipe_path",
+    "stage_options",
 ]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from optimize.errors import UsageError
 
 if TYPE_CHECKING:
-    from optimize.runtimes.base import Backend
+    from optimize.backend import Backend
 
 
 @dataclass
@@ -41,7 +41,7 @@ class RuntimeModel:
 
     def open(self, overrides: dict[str, Any] | None = None) -> Backend:
         """Load it into its runtime; `overrides` win over the stored runtime configuration."""
-        from optimize.runtimes import open_backend
+        from optimize.runtimes.backends import open_backend
 
         return open_backend(self.backend, self.model_path, {**self.runtime_config, **(overrides or {})})
 

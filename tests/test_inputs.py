@@ -227,8 +227,8 @@ def test_batch_axis_is_found_from_the_model(tmp_path: Path, named: bool) -> None
 
 
 def test_output_batch_axes_follow_names_or_sizes(tmp_path: Path) -> None:
+    from optimize.backend import TensorSpec
     from optimize.inputs import model_input_specs, output_batch_axes
-    from optimize.runtimes.base import TensorSpec
 
     inputs = model_input_specs(make_state_model(tmp_path / "vad.onnx"))
     outputs = [TensorSpec("y", "float32", (2, "batch", 4)), TensorSpec("p", "float32", (None, None, 10)),

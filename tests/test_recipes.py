@@ -17,7 +17,7 @@ from optimize.recipes import (
     parse_recipe,
     recipe_for_kind,
 )
-from optimize.runtimes import STAGES
+from optimize.runtimes.registry import stage_infos
 from tests.conftest import SAMPLES, make_matmul_model
 
 MINIMAL = 'order = ["graph-fusion", "quantize"]\n'
@@ -41,7 +41,7 @@ def test_shipped_recipes_load_and_keep_places_for_tvm_and_tensorrt() -> None:
     for name in names:
         recipe = load_recipe(name)
         order = [s.name for s in recipe.stages]
-        assert order == list(STAGES), name  # every stage has its place, in pipeline order
+        assert order == list(stage_infos()), name  # every stage has its place, in pipeline order
         # TVM tuning is slow and TensorRT needs a GPU: both are off unless asked for.
         assert not recipe.stage("tvm-tune").enabled
         assert not recipe.stage("tensorrt-build").enabled

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from optimize.backend import Backend
 from optimize.bench.engine import BenchSettings, Comparison, Measurement, _batch_of, _time_runs
 from optimize.env import CpuLoadMonitor
-from optimize.runtimes.base import Backend
 from optimize.runtimes.worker import SubprocessBackend
 from optimize.stats import full_chunks, interleaved_ratio_ci
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 
+from optimize.backend import Backend
 from optimize.bench.engine import BenchSettings, Comparison, Measurement, compare, measure
 from optimize.errors import InputError, UsageError
 from optimize.inputs import InputSpec, check_memory, feeds_from_spec, resolve_inputs
 from optimize.report import new_report
 from optimize.runtime_model import RuntimeModel, resolve_model
-from optimize.runtimes import Backend
 
 Progress = Callable[[str, int, float], None]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from optimize.backend import Backend
 from optimize.env import CpuLoadMonitor
-from optimize.runtimes.base import Backend
 from optimize.stats import bootstrap_ratio_ci, full_chunks, interleaved_ratio_ci, summarize
 
 # A measurement is called unstable above these.

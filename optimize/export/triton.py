@@ -22,11 +22,13 @@ from typing import Any
 from optimize import __version__
 from optimize.artifact import read_manifest
 from optimize.errors import LtoError, ModelError, UsageError
-from optimize.export import kserve, runtimes
+from optimize.export import kserve
 from optimize.export.batching import BatchingPlan, BatchProfile, plan_batching
-from optimize.export.model_io import ModelIO, Tensor, onnx_io, openvino_io, tensorrt_io
-from optimize.export.pbtxt import Enum, to_plain, to_text
 from optimize.files import atomic_directory, sha256_file, write_json_atomic, write_text_atomic
+from optimize.runtimes.registry import RUNTIMES, runtime_of_backend
+from optimize.runtimes.spec import resolve
+from optimize.triton.model import ModelIO, Tensor, TritonModel, instance_group
+from optimize.triton.pbtxt import Enum, to_plain, to_text
 
 MARKER = "lto-export.json"
 KSERVE_FILE = "inferenceservice.yaml"
@@ -115,34 +117,17 @@ def verified_manifest(artifact: Path) -> dict[str, Any]:
     return manifest
 
 
-def _engine_manifest(artifact: Path, manifest: dict[str, Any]) -> Path:
-    for rel in manifest.get("side_files") or manifest["files"]:
-        if str(rel).endswith(".engine.json"):
-            return artifact / rel
-    raise ModelError(
-        f"artifact {artifact.name}: a TensorRT artifact without its engine manifest (*.engine.json)"
-    )
-
-
-def _runtime_and_io(artifact: Path, manifest: dict[str, Any]) -> tuple[runtimes.TritonRuntime, ModelIO]:
-    backend = str(manifest["backend"])
-    config = dict(manifest["runtime_config"])
-    precision = str(manifest.get("precision") or "fp32")
-    model_path = artifact / manifest["model_file"]
-    if backend in ("onnxruntime", "onnxruntime-cuda", "onnxruntime-trt"):
-        return runtimes.onnxruntime(config, backend, precision), onnx_io(model_path)
-    if backend == "openvino":
-        runtime = runtimes.openvino(config, precision)
-        if model_path.suffix.lower() == ".onnx":  # OpenVINO reads ONNX directly; so does its Triton backend
-            runtime.model_file = "model.onnx"
-            return runtime, onnx_io(model_path)
-        return runtime, openvino_io(model_path)
-    if backend == "tensorrt":
-        engine_json = _engine_manifest(artifact, manifest)
-        engine = json.loads(engine_json.read_text(encoding="utf-8"))
-        return runtimes.tensorrt(config, engine), tensorrt_io(engine_json)
-    runtimes.refuse(backend)
-    raise AssertionError("unreachable")
+def triton_model(artifact: Path, manifest: dict[str, Any]) -> TritonModel:
+    """The artifact as Triton runs it, by its runtime's mapping (optimize/runtimes/*/triton.py)."""
+    spec = runtime_of_backend(str(manifest["backend"]))
+    if spec.triton is None:
+        exportable = ", ".join(s.name for s in RUNTIMES if s.triton)
+        raise UsageError(
+            f"Triton has no {spec.title} backend, so a {spec.title} artifact cannot be exported to it",
+            f"export an artifact of another runtime ({exportable}), or serve this one with lto serve",
+        )
+    mapping: TritonModel = resolve(spec.triton)(artifact, manifest)
+    return mapping
 
 
 # -- the model configuration -------------------------------------------------------------------
@@ -193,7 +178,8 @@ def _slo(request: ExportRequest, manifest: dict[str, Any]) -> tuple[float | None
 
 def build_config(request: ExportRequest, manifest: dict[str, Any], name: str) -> ExportResult:
     artifact = request.artifact
-    runtime, io = _runtime_and_io(artifact, manifest)
+    model = triton_model(artifact, manifest)
+    runtime, io = model.runtime, model.io
     warnings = list(runtime.warnings)
     notes: list[str] = []
     problem = _batch_axis_problem(io)
@@ -242,7 +228,7 @@ def build_config(request: ExportRequest, manifest: dict[str, Any], name: str) ->
         "input": [_tensor_config(t, batched) for t in io.inputs],
         "output": [_tensor_config(t, batched) for t in io.outputs],
         "dynamic_batching": dynamic,
-        "instance_group": runtimes.instance_group(runtime, request.instances),
+        "instance_group": instance_group(runtime, request.instances),
         "optimization": runtime.optimization or None,
         "parameters": runtime.parameter_map(),
     }
@@ -391,7 +377,7 @@ def preflight(artifact: Path, repository: Path, name: str | None) -> tuple[str, 
         )
     check_model_dir(repository / model_name, artifact)
     manifest = verified_manifest(artifact)
-    _runtime_and_io(artifact, manifest)
+    triton_model(artifact, manifest)
     return model_name, manifest
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from optimize.accuracy import FEW_SAMPLES, AccuracyResult, MetricError, UserMetric, accuracy_json, check
+from optimize.backend import Backend
 from optimize.bench import Comparison, Measurement
 from optimize.bench.apart import ApartRun
 from optimize.errors import UsageError, first_line
@@ -50,7 +51,7 @@ from optimize.pipeline.summary import (
     write_partial_report,
 )
 from optimize.recipes import Recipe, StageSpec
-from optimize.runtimes.base import Backend
+from optimize.runtimes.registry import quantize_stages
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 from optimize.stats import percentile_ci
 from optimize.task_metrics import MetricChoice
@@ -128,7 +129,7 @@ class Pipeline:
     ) -> None:
         from optimize import bench
         from optimize.bench.apart import compare_apart
-        from optimize.runtimes import load_stage
+        from optimize.runtimes.stages import load_stage
 
         self.request = request
         self.recipe = recipe
@@ -176,7 +177,7 @@ class Pipeline:
         self.progress.log(text)
 
     def _open(self, candidate: Candidate) -> Backend:
-        from optimize.runtimes import open_backend
+        from optimize.runtimes.backends import open_backend
 
         return open_backend(candidate.backend, candidate.model_path, candidate.runtime_config)
 
@@ -335,16 +336,12 @@ class Pipeline:
 
     def _calibration_readers(self) -> list[StageSpec]:
         """The enabled stages that calibrate on --calib-data (ONNX Runtime's and OpenVINO's int8)."""
-        from optimize.pipeline.request import QUANTIZE_STAGES
-
-        stages = (self.recipe.stage(name) for name in QUANTIZE_STAGES)
+        stages = (self.recipe.stage(name) for name in quantize_stages())
         return [spec for spec in stages if spec is not None and spec.enabled]
 
     def _calibration_unused_reason(self) -> str:
         """Why no stage will read --calib-data ("" when one will)."""
-        from optimize.pipeline.request import QUANTIZE_STAGES
-
-        present = [name for name in QUANTIZE_STAGES if self.recipe.stage(name) is not None]
+        present = [name for name in quantize_stages() if self.recipe.stage(name) is not None]
         if not present:
             return f"recipe {self.recipe.name} has no quantize stage"
         readers = self._calibration_readers()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from optimize.errors import UsageError
 from optimize.files import check_output_dir, check_output_file
 from optimize.recipes import OPTIONAL_THRESHOLDS, Recipe, StageSpec
+from optimize.runtimes.registry import quantize_stages, searched_runtimes, stage_runtime
 
 if TYPE_CHECKING:
     from optimize.accuracy import UserMetric
@@ -24,9 +25,7 @@ if TYPE_CHECKING:
 PERCENTILES = ("p50", "p90", "p95", "p99")
 QUANTIZE_MODES = ("auto", "always", "never")
 # --runtime: which CPU runtime's stages make candidates (auto: every one, chosen by measurement).
-RUNTIME_CHOICES = ("auto", "onnxruntime", "openvino")
-# Stages that quantize, whatever the runtime: --quantize and --calib-data apply to each.
-QUANTIZE_STAGES = ("quantize", "openvino-quantize")
+RUNTIME_CHOICES = ("auto", *searched_runtimes())
 
 
 @dataclass
@@ -268,7 +267,7 @@ def apply_overrides(recipe: Recipe, request: OptimizeRequest) -> list[str]:
     if trt is not None and request.shape_ranges:
         trt.options["shapes"] = list(request.shape_ranges)
         notes.append("tensorrt-build profile ranges from --shape: " + ", ".join(request.shape_ranges))
-    for quant in (recipe.stage(name) for name in QUANTIZE_STAGES):
+    for quant in (recipe.stage(name) for name in quantize_stages()):
         if quant is None:
             continue
         if request.quantize == "never":
@@ -297,10 +296,8 @@ def apply_overrides(recipe: Recipe, request: OptimizeRequest) -> list[str]:
 
 def _other_runtime(stage: str, request: OptimizeRequest) -> str | None:
     """The CPU runtime `stage` makes candidates for, when --runtime picked another one."""
-    from optimize.runtimes import CPU_RUNTIMES, STAGE_RUNTIMES
-
-    runtime = STAGE_RUNTIMES.get(stage)
-    if request.runtime == "auto" or runtime not in CPU_RUNTIMES or runtime == request.runtime:
+    runtime = stage_runtime(stage)
+    if request.runtime == "auto" or runtime not in searched_runtimes() or runtime == request.runtime:
         return None
     return runtime
 
@@ -322,7 +319,7 @@ def _apply_runtime(recipe: Recipe, request: OptimizeRequest) -> list[str]:
 
 
 def stage_disabled_reason(spec: StageSpec, request: OptimizeRequest, recipe: Recipe) -> str:
-    if spec.name in QUANTIZE_STAGES and request.quantize == "never":
+    if spec.name in quantize_stages() and request.quantize == "never":
         return "--quantize never"
     other = _other_runtime(spec.name, request)
     if other:

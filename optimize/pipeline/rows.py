@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from optimize.backend import TensorSpec
 from optimize.errors import InputError
 from optimize.evidence import MIN_ROWS
 from optimize.inputs import load_samples, row_keys
-from optimize.runtimes.base import TensorSpec
 from optimize.units import index_ranges
 
 Sample = dict[str, np.ndarray]

@@ -35,8 +35,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from optimize import errors
+from optimize.backend import Backend, TensorSpec
 from optimize.errors import LtoError, first_line
-from optimize.runtimes.base import Backend, TensorSpec
 
 _START_TIMEOUT_S = 300.0  # loading a large library under load can take a while
 _ALIGN = 64
@@ -123,7 +123,7 @@ def _child_main(fd: int) -> None:
     conn = Connection(fd)
     try:
         _, kind, model_path, config = conn.recv()
-        from optimize.runtimes import open_backend
+        from optimize.runtimes.backends import open_backend
 
         backend = open_backend(kind, model_path, config)
         conn.send(
@@ -366,7 +366,7 @@ def open_in_worker(kind: str, model_path: str | Path, config: Mapping[str, Any] 
     before TVM is imported); every other runtime is hosted by a SubprocessBackend."""
     settings = dict(config or {})
     if kind == "tvm":
-        from optimize.runtimes import open_backend
+        from optimize.runtimes.backends import open_backend
 
         return open_backend(kind, model_path, {**settings, "process": "isolated"})
     return SubprocessBackend(model_path, settings, hosted_kind=kind)

@@ -183,8 +183,8 @@ async def _remote_target(
 ) -> tuple[HttpEndpoint, dict[str, Any]]:
     import aiohttp
 
+    from optimize.backend import TensorSpec
     from optimize.inputs import resolve_inputs
-    from optimize.runtimes.base import TensorSpec
     from optimize.serve.protocol import V2_TO_NUMPY
 
     base = url.rstrip("/")

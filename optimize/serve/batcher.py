@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from optimize.backend import Backend, TensorSpec
 from optimize.errors import InputError, UsageError, message_line
-from optimize.runtimes.base import Backend, TensorSpec
 
 
 class ServeError(Exception):

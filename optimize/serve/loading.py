@@ -7,21 +7,16 @@ from pathlib import Path
 
 import numpy as np
 
+from optimize.backend import Backend
 from optimize.errors import InputError, UsageError
 from optimize.runtime_model import RuntimeModel, resolve_model
-from optimize.runtimes.base import Backend
-
-# Protocol "platform" names clients know, by lto backend kind.
-PLATFORMS = {
-    "onnxruntime": "onnxruntime_onnx",
-    "tvm": "tvm",
-    "tensorrt": "tensorrt_plan",
-    "openvino": "openvino",
-}
+from optimize.runtimes.registry import backend_info, backend_infos
 
 
 def platform_of(model: RuntimeModel) -> str:
-    return PLATFORMS.get(model.backend, model.backend)
+    """The protocol "platform" name clients know for the model's runtime (its spec says it)."""
+    info = backend_infos().get(model.backend)
+    return info.platform if info is not None else model.backend
 
 
 def resolve_served(
@@ -41,23 +36,21 @@ def resolve_served(
     return served
 
 
-# The runtime setting that is one instance's thread count, per runtime that serve splits.
-INSTANCE_THREADS = {"onnxruntime": "intra_op_num_threads", "openvino": "INFERENCE_NUM_THREADS"}
-
-
 def open_instances(served: RuntimeModel, instances: int, threads: int | None = None) -> list[Backend]:
     """Load the model `instances` times; ONNX Runtime and OpenVINO instances split the cores
     between them, or use `threads` threads each when given."""
     from optimize.env import check_thread_count
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     # Each instance runs in its own thread: bounded like any thread count, before loading any.
     check_thread_count(instances, "--instances", minimum=1)
     config = dict(served.runtime_config)
-    key = INSTANCE_THREADS.get(served.backend)
+    info = backend_info(served.backend)
+    key = info.threads_setting  # one instance's thread count, where serve can split the runtime
     if threads is not None:
         if key is None:
-            raise UsageError(f"--threads applies to ONNX Runtime and OpenVINO models, not {served.backend}")
+            splittable = ", ".join(kind for kind, i in backend_infos().items() if i.threads_setting)
+            raise UsageError(f"--threads applies to {splittable} models, not {served.backend}")
         check_thread_count(threads, "--threads", minimum=1)
         config[key] = threads
     if key is not None and instances > 1 and threads is None:
@@ -73,10 +66,10 @@ def open_instances(served: RuntimeModel, instances: int, threads: int | None = N
         # the artifact was tuned as the only model on the machine (its threads = all cores).
         share = max(1, cores // instances)
         config[key] = min(int(config.get(key) or share), share)
-    if served.backend == "openvino" and instances > 1 and config.get("ENABLE_CPU_PINNING") is None:
-        # Each compiled model would pin its threads from the first core up: N instances on the
-        # same cores. Unpinned, the OS spreads them.
-        config["ENABLE_CPU_PINNING"] = False
+    if instances > 1:
+        for setting, value in info.several_instances.items():
+            if config.get(setting) is None:
+                config[setting] = value
     backends: list[Backend] = []
     try:
         for _ in range(instances):

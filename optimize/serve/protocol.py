@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from optimize.backend import TensorSpec
 from optimize.errors import InputError
-from optimize.runtimes.base import TensorSpec
 
 # Protocol datatype <-> numpy dtype name. BYTES (strings) is not supported: lto serves numeric models.
 V2_TO_NUMPY = {

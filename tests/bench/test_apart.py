@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from optimize.backend import Backend
 from optimize.bench import BenchSettings, compare
 from optimize.bench.apart import compare_apart, process_cpu_s, wait_until_idle
 from optimize.inputs import resolve_inputs
-from optimize.runtimes import open_backend
-from optimize.runtimes.base import Backend
+from optimize.runtimes.backends import open_backend
 from optimize.runtimes.worker import open_in_worker
 from tests.conftest import sample_path
 

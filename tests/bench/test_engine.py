@@ -7,11 +7,11 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
+from optimize.backend import Backend, TensorSpec
 from optimize.bench import BenchSettings, compare, measure, median_ci_rel_width
 from optimize.errors import InputError
 from optimize.inputs import resolve_inputs
-from optimize.runtimes import open_backend
-from optimize.runtimes.base import Backend, TensorSpec
+from optimize.runtimes.backends import open_backend
 from optimize.stats import bootstrap_ratio_ci, summarize
 
 

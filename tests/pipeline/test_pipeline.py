@@ -36,7 +36,9 @@ from optimize.pipeline import (
 )
 from optimize.pipeline.summary import Progress
 from optimize.report import load_report
-from optimize.runtimes import STAGES, load_stage
+from optimize.runtimes import registry
+from optimize.runtimes.spec import RuntimeSpec, StageInfo
+from optimize.runtimes.stages import load_stage
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 from tests.cli_helpers import run_lto
 from tests.conftest import make_matmul_model
@@ -642,12 +644,16 @@ def test_real_bench_rejects_a_much_slower_candidate(tmp_path: Path) -> None:
 def test_missing_stage_module_or_dependency_is_a_skip(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(STAGES, "ghost", "optimize.runtimes.no_such_stage_module:Ghost")
+    stages = (
+        StageInfo("ghost", "optimize.runtimes.no_such_stage_module:Ghost"),
+        StageInfo("needs-dep", "lto_test_stage_with_dep:Whatever"),
+    )
+    ghosts = RuntimeSpec(name="ghosts", title="Ghosts", backends=(), stages=stages)
+    monkeypatch.setattr(registry, "RUNTIMES", [*registry.RUNTIMES, ghosts])
     with pytest.raises(StageSkipped, match="not available in this build"):
         load_stage("ghost")
     (tmp_path / "lto_test_stage_with_dep.py").write_text("import lto_no_such_dependency\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(STAGES, "needs-dep", "lto_test_stage_with_dep:Whatever")
     with pytest.raises(StageSkipped, match="needs the Python package 'lto_no_such_dependency'"):
         load_stage("needs-dep")
     with pytest.raises(UsageError, match="unknown stage"):

@@ -15,7 +15,7 @@ from tests.runtimes.tensorrt.helpers import NO_GPU, mlp_model
 def test_gpu_backends_refuse_to_open_without_a_gpu(
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     monkeypatch.setattr(gpu, "gpu_status", lambda: NO_GPU)
     model = mlp_model(tmp_path / "m.onnx")

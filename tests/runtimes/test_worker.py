@@ -13,7 +13,7 @@ from tests.runtimes.tvm.helpers import FEEDS, mlp_model
 
 def test_subprocess_backend_matches_in_process(tmp_path: Path) -> None:
     from optimize.bench import BenchSettings, measure_where_it_runs
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
     from optimize.runtimes.worker import SubprocessBackend
 
     model = mlp_model(tmp_path / "m.onnx")

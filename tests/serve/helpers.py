@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from optimize.runtimes.base import Backend, TensorSpec
+from optimize.backend import Backend, TensorSpec
 
 
 class SleepBackend(Backend):

@@ -528,7 +528,7 @@ def test_check_request_names_what_is_wrong() -> None:
 
 
 def test_token_sequences_are_padded_to_a_bucket_with_the_mask_and_cut_back(tmp_path: Path) -> None:
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     path = make_token_model(tmp_path / "tokens.onnx")
     backend = open_backend("onnxruntime", path, {"intra_op_num_threads": 1})
@@ -567,7 +567,7 @@ def test_different_shapes_without_a_mask_batch_only_with_equals(tmp_path: Path) 
     import onnx
     from onnx import TensorProto, helper
 
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],
@@ -600,7 +600,7 @@ def test_sample_row_uses_known_dims_and_gives_up_on_unknown_ones() -> None:
     backend = SleepBackend()
     row = sample_row(backend.inputs)
     assert row["x"].shape == (1, 4)
-    from optimize.runtimes.base import TensorSpec
+    from optimize.backend import TensorSpec
 
     assert sample_row([TensorSpec("ids", "int64", ("batch", "sequence"))]) == {}
     pinned = sample_row([TensorSpec("attention_mask", "int64", ("batch", "sequence"))], {"sequence": (16,)})

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from optimize.runtimes import open_backend
-from optimize.runtimes.base import Backend
+from optimize.backend import Backend
+from optimize.runtimes.backends import open_backend
 from optimize.serve.batcher import Batcher, BatcherConfig
 from optimize.serve.protocol import HEADER_LENGTH, decode_response, encode_request
 from optimize.serve.server import InferenceServer, ServerConfig

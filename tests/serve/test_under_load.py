@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from optimize.backend import Backend
 from optimize.runtime_model import resolve_model
-from optimize.runtimes import open_backend
-from optimize.runtimes.base import Backend
+from optimize.runtimes.backends import open_backend
 from optimize.serve.batcher import Batcher, BatcherConfig
 from optimize.serve.loading import input_limits
 from optimize.serve.server import InferenceServer, ServerConfig

@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from optimize.backend import Backend, TensorSpec, check_thread_settings
 from optimize.errors import ModelError, UsageError, message_line
-from optimize.runtimes.base import Backend, TensorSpec, check_thread_settings
 
 # ONNX type strings as ORT reports them -> numpy dtype names.
 _ORT_TYPES = {

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from optimize.backend import Backend, TensorSpec
 from optimize.errors import BackendUnavailable, ModelError, UsageError
-from optimize.runtimes.base import Backend, TensorSpec
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "cuda_graph": False,

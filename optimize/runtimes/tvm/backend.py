@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from optimize.backend import Backend, TensorSpec
 from optimize.errors import BackendUnavailable, ModelError, UsageError, message_line
-from optimize.runtimes.base import Backend, TensorSpec
 
 DEFAULT_CONFIG: dict[str, Any] = {"num_threads": 0, "process": "isolated"}
 PROCESS_MODES = ("isolated", "inline")

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from optimize.backend import TensorSpec
 from optimize.errors import ModelError, message_line
-from optimize.runtimes.base import TensorSpec
 
 RECIPE_VERSION = "decompose+canonicalize+zero/1"
 

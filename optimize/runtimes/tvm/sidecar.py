@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from optimize.backend import TensorSpec
 from optimize.errors import ModelError
 from optimize.files import write_json_atomic
-from optimize.runtimes.base import TensorSpec
 
 SIDECAR_NAME = "tvm_module.json"
 FORMAT = "lto-tvm-module/1"

@@ -32,7 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from optimize.errors import UsageError, message_line
+from optimize.errors import message_line
+from optimize.options import check_table
+from optimize.runtimes.tvm.spec import TUNE_OPTIONS
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 
 if TYPE_CHECKING:
@@ -40,44 +42,16 @@ if TYPE_CHECKING:
     from optimize.runtimes.tvm.tuning import TaskState, TuneProgress, TuneSummary
 
 DEFAULT_TRIALS = 64
-OPTION_TYPES: dict[str, Any] = {
-    "trials": int,
-    "time_budget_s": float,
-    "target": str,
-    "rpc_tracker": str,
-    "rpc_key": str,
-    "cache_dir": str,
-    "retune": bool,
-    "trials_per_iter": int,
-    "population_size": int,
-    "max_chunk_tasks": int,
-    "build_timeout_s": float,
-    "run_timeout_s": float,
-    "num_threads": int,
-}
 # Time kept back from the budget for applying records, compiling and exporting.
 _RESERVE_BASE_S = 20.0
 _RESERVE_PER_TASK_S = 2.0
 
 
 def _options(raw: dict[str, Any]) -> dict[str, Any]:
-    opts: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key in ("enabled", "budget_s", "run_when"):
-            continue  # the pipeline's own keys
-        want = OPTION_TYPES.get(key)
-        if want is None:
-            raise UsageError(f"unknown tvm-tune option {key!r}", f"known options: {', '.join(OPTION_TYPES)}")
-        if value is None:
-            continue
-        if want is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-            raise UsageError(f"tvm-tune option {key} must be {want.__name__}, got {value!r}")
-        opts[key] = value
-    if opts.get("trials", DEFAULT_TRIALS) < 0:
-        raise UsageError("tvm-tune option trials must be 0 or more")
-    return opts
+    """The stage's options, checked against the schema its spec declares (a recipe was checked
+    against it already; options set from flags or by a caller are checked here)."""
+    given = {k: v for k, v in raw.items() if k not in ("enabled", "budget_s", "run_when") and v is not None}
+    return check_table("tvm-tune option ", "", given, TUNE_OPTIONS)
 
 
 def compiler_available() -> bool:

@@ -25,7 +25,7 @@ def test_ort_cuda_backend_refuses_a_cpu_only_onnxruntime(
 ) -> None:
     import onnxruntime as ort
 
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this onnxruntime has the CUDA provider")
@@ -40,7 +40,7 @@ def test_ort_cuda_backend_refuses_a_cpu_only_onnxruntime(
 def test_gpu_ort_cuda_matches_cpu_and_stays_on_gpu(tmp_path: Path) -> None:
     import onnxruntime as ort
 
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("onnxruntime-gpu is not installed")
@@ -56,7 +56,7 @@ def test_gpu_ort_cuda_matches_cpu_and_stays_on_gpu(tmp_path: Path) -> None:
 def test_gpu_ort_cuda_with_devices_hidden_fails_closed(tmp_path: Path) -> None:
     """With CUDA_VISIBLE_DEVICES empty, onnxruntime-gpu would fall back to the CPU; lto must refuse."""
     code = (
-        "from optimize.runtimes import open_backend\n"
+        "from optimize.runtimes.backends import open_backend\n"
         "from optimize.errors import BackendUnavailable\n"
         "try:\n"
         f"    open_backend('onnxruntime-cuda', {str(SAMPLES / 'mlp_small.onnx')!r}, {{}})\n"
@@ -77,7 +77,7 @@ def test_ort_gpu_backends_fail_closed_when_the_provider_lies(
     session must not run on the CPU."""
     import onnxruntime as ort
 
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("this onnxruntime really has the CUDA provider")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from optimize.errors import ModelError, UsageError
-from optimize.runtimes import open_backend
+from optimize.runtimes.backends import open_backend
 from tests.runtimes.openvino.helpers import SAMPLES, make_precision_probe
 
 pytest.importorskip("openvino", reason="the openvino extra is not installed")

@@ -98,7 +98,7 @@ def test_openvino_artifact_round_trip(tmp_path: Path) -> None:
     x = {"x": np.random.default_rng(5).standard_normal((1, 128)).astype(np.float32)}
     with loaded.open() as ov:
         assert ov.inputs[0].shape == ("batch", 128)
-        from optimize.runtimes import open_backend
+        from optimize.runtimes.backends import open_backend
 
         with open_backend("onnxruntime", tmp_path / "mlp.onnx") as ort:
             ov_out = ov.run(x)["r3"]

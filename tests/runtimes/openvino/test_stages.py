@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from optimize.accuracy import AccuracyResult
-from optimize.runtimes import load_stage, open_backend
+from optimize.runtimes.backends import open_backend
+from optimize.runtimes.stages import load_stage
 from optimize.stage import Candidate, StageSkipped
 from tests.runtimes.openvino.helpers import SAMPLES, context, make_mlp
 

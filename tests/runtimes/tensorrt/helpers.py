@@ -159,7 +159,7 @@ def manifest(**over: Any) -> dict[str, Any]:
 
 def reference(model: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The model's outputs on ONNX Runtime's CPU backend: what a GPU run must match."""
-    from optimize.runtimes import open_backend
+    from optimize.runtimes.backends import open_backend
 
     with open_backend("onnxruntime", model, {}) as ref:
         return ref.run(feeds)

@@ -1,65 +1,70 @@
-"""The inputs and outputs an artifact's model file declares, with its dynamic dims (-1).
-
-Triton needs the declared shapes, not the pinned ones lto measured with: a dynamic leading dim is
-what lets it batch requests. Each runtime's file says them its own way: ONNX graph inputs, the
-Parameter/Result layers of an OpenVINO IR, the JSON manifest lto writes beside a TensorRT engine.
-"""
+"""OpenVINO artifacts as Triton models: Triton's openvino backend with the IR (or the ONNX file,
+which it reads directly) and the CPU properties it can take as parameters."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from optimize.errors import ModelError
+from optimize.triton.model import ModelIO, Tensor, TritonModel, TritonRuntime, lost, onnx_io
 
 
-@dataclass(frozen=True)
-class Tensor:
-    """A model input or output: numpy dtype name and dims (-1 where the model leaves it open)."""
-
-    name: str
-    dtype: str
-    dims: tuple[int, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "dims": list(self.dims)}
-
-
-@dataclass(frozen=True)
-class ModelIO:
-    inputs: list[Tensor]
-    outputs: list[Tensor]
-    # Largest batch the model file itself accepts (a TensorRT profile's max), None: no limit.
-    batch_limit: int | None = None
-
-
-def onnx_io(path: Path) -> ModelIO:
-    import onnx
-    from onnx import helper
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # onnx raises DecodeError and friends
-        raise ModelError(f"{path.name} is not a readable ONNX model: {exc}") from None
-    initializers = {init.name for init in model.graph.initializer}
-
-    def tensor(value: Any) -> Tensor:
-        ttype = value.type.tensor_type
-        dims = tuple(
-            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in ttype.shape.dim
+def openvino(config: Mapping[str, Any], precision: str) -> TritonRuntime:
+    """Triton's openvino backend: an IR (model.xml + model.bin) and its CPU properties as parameters."""
+    runtime = TritonRuntime(backend="openvino", model_file="model.xml", kserve_format="triton")
+    params = runtime.parameters
+    hint = config.get("PERFORMANCE_HINT")
+    if hint:
+        params["PERFORMANCE_HINT"] = str(hint)
+        runtime.applied["PERFORMANCE_HINT"] = hint
+    threads = int(config.get("INFERENCE_NUM_THREADS") or 0)
+    if threads > 0:
+        params["INFERENCE_NUM_THREADS"] = str(threads)
+        runtime.applied["INFERENCE_NUM_THREADS"] = threads
+    if config.get("NUM_STREAMS") is not None:
+        params["NUM_STREAMS"] = str(config["NUM_STREAMS"])
+        runtime.applied["NUM_STREAMS"] = config["NUM_STREAMS"]
+    wanted = str(config.get("INFERENCE_PRECISION_HINT") or ("bf16" if precision == "bf16" else "f32"))
+    if wanted == "bf16":
+        params["HINT_BF16"] = "YES"
+        runtime.applied["INFERENCE_PRECISION_HINT"] = "bf16"
+    else:
+        lost(
+            runtime,
+            "INFERENCE_PRECISION_HINT",
+            wanted,
+            "Triton's openvino backend can only ask for bf16 (HINT_BF16); on a host with avx512_bf16 "
+            "or AMX, OpenVINO then runs bf16 by default, not the precision lto accuracy-checked",
         )
-        try:
-            dtype = helper.tensor_dtype_to_np_dtype(ttype.elem_type).name
-        except (KeyError, ValueError, TypeError):
-            raise ModelError(f"{path.name}: tensor {value.name!r} has no tensor element type") from None
-        return Tensor(value.name, dtype, dims)
-
-    return ModelIO(
-        [tensor(v) for v in model.graph.input if v.name not in initializers],
-        [tensor(v) for v in model.graph.output],
-    )
+    if config.get("ENABLE_CPU_PINNING") is not None:
+        lost(
+            runtime,
+            "ENABLE_CPU_PINNING",
+            config["ENABLE_CPU_PINNING"],
+            "Triton's openvino backend uses OpenVINO's default pinning",
+        )
+    if str(config.get("SNIPPETS_MODE", "")).upper() == "DISABLE":
+        lost(
+            runtime,
+            "SNIPPETS_MODE",
+            config["SNIPPETS_MODE"],
+            "lto accuracy-checked this model with OpenVINO's fused subgraphs off because, with them "
+            "on, OpenVINO 2026.4 gave wrong outputs on this CPU (docs/openvino.md); Triton's "
+            "openvino backend cannot turn them off: check its outputs before serving",
+        )
+    known = {
+        "PERFORMANCE_HINT",
+        "INFERENCE_NUM_THREADS",
+        "NUM_STREAMS",
+        "INFERENCE_PRECISION_HINT",
+        "ENABLE_CPU_PINNING",
+        "SNIPPETS_MODE",
+    }
+    for key in sorted(set(config) - known):
+        lost(runtime, key, config[key], "not passed to Triton's openvino backend")
+    return runtime
 
 
 # OpenVINO IR element types (the Parameter's element_type, a port's precision) -> numpy names.
@@ -146,21 +151,10 @@ def _producer_names(root: Any, layers: dict[str | None, Any], result: Any) -> st
     return None
 
 
-def tensorrt_io(engine_manifest: Path) -> ModelIO:
-    """From the JSON lto writes beside an engine: network I/O (-1 dynamic) and the profile's max."""
-    try:
-        manifest = json.loads(engine_manifest.read_text(encoding="utf-8"))
-        inputs = [
-            Tensor(t["name"], t["dtype"], tuple(int(d) for d in t["shape"])) for t in manifest["inputs"]
-        ]
-        outputs = [
-            Tensor(t["name"], t["dtype"], tuple(int(d) for d in t["shape"])) for t in manifest["outputs"]
-        ]
-        profiles = manifest.get("profiles") or [{}]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ModelError(f"{engine_manifest.name}: the engine manifest is unreadable: {exc}") from None
-    limits = [int(rng["max"][0]) for rng in (profiles[0] or {}).values() if rng.get("max")]
-    return ModelIO(inputs, outputs, min(limits) if limits else None)
-
-
-__all__ = ["ModelIO", "Tensor", "onnx_io", "openvino_io", "tensorrt_io"]
+def triton_model(artifact: Path, manifest: Mapping[str, Any]) -> TritonModel:
+    runtime = openvino(dict(manifest["runtime_config"]), str(manifest.get("precision") or "fp32"))
+    model_path = artifact / manifest["model_file"]
+    if model_path.suffix.lower() == ".onnx":  # OpenVINO reads ONNX directly; so does its Triton backend
+        runtime.model_file = "model.onnx"
+        return TritonModel(runtime, onnx_io(model_path))
+    return TritonModel(runtime, openvino_io(model_path))

@@ -1,0 +1,29 @@
+"""Open a model in a runtime: the backend registry, read from the runtime specs.
+
+Apart from the stages on purpose: `lto serve`, `bench` and the worker processes open backends
+and never load the optimizer's stage interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from optimize.backend import Backend
+from optimize.runtimes.registry import backend_info
+from optimize.runtimes.spec import resolve
+
+
+def backend_class(kind: str) -> type[Backend]:
+    """The class behind backend `kind` (its module imported now; it may raise BackendUnavailable)."""
+    cls: type[Backend] = resolve(backend_info(kind).target)
+    return cls
+
+
+def open_backend(kind: str, model_path: str | Path, config: Mapping[str, Any] | None = None) -> Backend:
+    """Load `model_path` into the runtime named `kind` with its runtime configuration."""
+    return backend_class(kind)(model_path, config)
+
+
+__all__ = ["backend_class", "open_backend"]

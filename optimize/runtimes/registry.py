@@ -1,0 +1,71 @@
+"""The runtimes lto knows: one line per runtime folder.
+
+Each folder's `spec.py` says what the runtime offers (optimize.runtimes.spec); this list is the
+only place that names them all. Specs are light: nothing here imports a runtime library.
+"""
+
+from __future__ import annotations
+
+from optimize.errors import UsageError
+from optimize.runtimes.onnxruntime.spec import SPEC as ONNXRUNTIME
+from optimize.runtimes.openvino.spec import SPEC as OPENVINO
+from optimize.runtimes.spec import BackendInfo, RuntimeSpec, StageInfo
+from optimize.runtimes.tensorrt.spec import SPEC as TENSORRT
+from optimize.runtimes.tvm.spec import SPEC as TVM
+
+# In the order a full recipe runs their stages.
+RUNTIMES: list[RuntimeSpec] = [ONNXRUNTIME, OPENVINO, TVM, TENSORRT]
+
+
+def backend_infos() -> dict[str, BackendInfo]:
+    return {info.kind: info for spec in RUNTIMES for info in spec.backends}
+
+
+def backend_info(kind: str) -> BackendInfo:
+    try:
+        return backend_infos()[kind]
+    except KeyError:
+        raise UsageError(
+            f"unknown backend {kind!r}", f"choose one of: {', '.join(sorted(backend_infos()))}"
+        ) from None
+
+
+def runtime_of_backend(kind: str) -> RuntimeSpec:
+    """The runtime whose folder holds backend `kind`."""
+    for spec in RUNTIMES:
+        if any(info.kind == kind for info in spec.backends):
+            return spec
+    backend_info(kind)  # raises, naming the known kinds
+    raise AssertionError("unreachable")
+
+
+def stage_infos() -> dict[str, StageInfo]:
+    """Every stage a runtime declares, by name, in the order a full recipe runs them."""
+    return {stage.name: stage for spec in RUNTIMES for stage in spec.stages}
+
+
+def stage_runtime(name: str) -> str | None:
+    """The runtime whose candidates stage `name` makes."""
+    return next((spec.name for spec in RUNTIMES for stage in spec.stages if stage.name == name), None)
+
+
+def searched_runtimes() -> tuple[str, ...]:
+    """The CPU runtimes `lto optimize --runtime auto` searches side by side."""
+    return tuple(spec.name for spec in RUNTIMES if spec.searched)
+
+
+def quantize_stages() -> tuple[str, ...]:
+    """Stages that quantize, whatever the runtime: --quantize and --calib-data apply to each."""
+    return tuple(name for name, stage in stage_infos().items() if stage.quantizes)
+
+
+__all__ = [
+    "RUNTIMES",
+    "backend_info",
+    "backend_infos",
+    "quantize_stages",
+    "runtime_of_backend",
+    "searched_runtimes",
+    "stage_infos",
+    "stage_runtime",
+]

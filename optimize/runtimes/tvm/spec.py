@@ -1,0 +1,31 @@
+"""TVM: kernels tuned with MetaSchedule and compiled into a shared library (apache-tvm 0.27)."""
+
+from __future__ import annotations
+
+from optimize.options import boolean, integer, number, string, threads
+from optimize.runtimes.spec import BackendInfo, RuntimeSpec, StageInfo
+
+_HERE = "optimize.runtimes.tvm"
+
+TUNE_OPTIONS = {
+    "trials": integer(),
+    "time_budget_s": number(),
+    "target": string(),
+    "rpc_tracker": string(),
+    "rpc_key": string(),
+    "cache_dir": string(),
+    "retune": boolean(),
+    "trials_per_iter": integer(),
+    "population_size": integer(),
+    "max_chunk_tasks": integer(),
+    "build_timeout_s": number(),
+    "run_timeout_s": number(),
+    "num_threads": threads(),
+}
+
+SPEC = RuntimeSpec(
+    name="tvm",
+    title="TVM",
+    backends=(BackendInfo("tvm", f"{_HERE}.backend:TvmBackend", "tvm"),),
+    stages=(StageInfo("tvm-tune", f"{_HERE}.tune_stage:TvmTuneStage", TUNE_OPTIONS),),
+)

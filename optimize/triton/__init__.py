@@ -1,0 +1,1 @@
+"""Triton's vocabulary: model configuration values and what a runtime hands Triton."""
