@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,6 +22,30 @@ from optimize.runtime_model import RuntimeModel
 
 # What a stage proposes is a model in a runtime like any other.
 Candidate = RuntimeModel
+
+
+class TextEnum(str, Enum):
+    """An enum whose members are their words: equal to, hashed, printed and formatted as the
+    string, so reports, JSON and string keys read them as written."""
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Outcome(TextEnum):
+    """What the pipeline decided about a candidate a stage yielded (StageContext.outcomes): a
+    stage that searches reads it to prune what cannot win."""
+
+    KEPT = "kept"
+    SLOWER = "slower"  # accurate, not faster than the best
+    UNVERIFIED = "unverified"  # faster, but the rows could not verify a reduced or quantized candidate
+    INACCURATE = "inaccurate"
+    FAILED = "failed"
 
 
 @dataclass
@@ -41,11 +66,11 @@ class StageContext:
     log: Callable[[str], None]
     # A live one-line status for long work (tuning progress); replaces the previous line.
     status: Callable[[str], None] | None = None
-    # What the pipeline decided about each candidate this stage yielded so far, by label:
-    # "kept", "slower" (accurate, not faster than the best), "unverified" (faster, but the rows
-    # could not verify a reduced or quantized candidate), "inaccurate" or "failed". A stage
-    # that yields candidates one at a time (a search) reads it to prune what cannot win.
-    outcomes: dict[str, str] = field(default_factory=dict)
+    # What the pipeline decided about each candidate this stage yielded so far, by label. A
+    # stage that yields candidates one at a time (a search) reads it to prune what cannot win.
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    # A warning for the report (calibrating on generated inputs, say); None: it is logged.
+    warn_fn: Callable[[str], None] | None = None
     # Records a point of a search the pipeline will not measure as a row of the report:
     # (label, status "skipped" | "failed" | "rejected", reason, details).
     note_point_fn: Callable[[str, str, str, dict[str, Any]], None] | None = None
@@ -56,6 +81,13 @@ class StageContext:
 
     def skip_point(self, label: str, reason: str, details: dict[str, Any] | None = None) -> None:
         self.note_point(label, "skipped", reason, details)
+
+    def warn(self, text: str) -> None:
+        """Something the user must read in the report, not only in the log."""
+        if self.warn_fn is not None:
+            self.warn_fn(text)
+        else:
+            self.log(f"warning: {text}")
 
 
 class StageSkipped(Exception):

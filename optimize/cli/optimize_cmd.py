@@ -21,7 +21,7 @@ from optimize.cli.common import (
 from optimize.units import duration_parser, percentile_key_parser
 
 if TYPE_CHECKING:
-    from optimize.pipeline import StageRecord
+    from optimize.pipeline.record import StageRecord
 
 EPILOG = """
 [bold]Examples[/]
@@ -363,7 +363,9 @@ class _RichProgress:
 
             def record(self, record: StageRecord) -> None:
                 if outer.show_rows:
-                    outer._bar.console.print(optimize_row_line(record), highlight=False, soft_wrap=True)
+                    outer._bar.console.print(
+                        optimize_row_line(record.to_json()), highlight=False, soft_wrap=True
+                    )
 
             def log(self, text: str) -> None:
                 outer._bar.console.print(f"[dim]{text}[/]", highlight=False, soft_wrap=True)

@@ -20,9 +20,12 @@ own row's confirmed figure (docs/measurement.md).
 
 The package, by role:
     request.py    what the user asked for, checked before any work; the recipe with the CLI's overrides
-    loop.py       the run: load, check, measure (through optimize.bench only)
+    baseline.py   the inputs, judging rows and reference outputs every candidate is judged against
+    evaluate.py   load, check and time candidates (through optimize.bench only); owns every worker
+    loop.py       the run: stages in order, each candidate evaluated, the artifact written
     judge.py      every keep/reject decision, the target verdict and the exit codes
-    summary.py    the records, the report, the partial report of a stopped run
+    record.py     the run's record: rows (with their status as an enum), warnings, logs, results
+    summary.py    the report built from the record, the partial report of a stopped run
     isolation.py  running a stage in a child process group
 
 Exit codes: 0 target met (or no target), 3 the best artifact misses the target (TARGET_MISSED),
@@ -31,8 +34,9 @@ Exit codes: 0 target met (or no target), 3 the best artifact misses the target (
 
 from optimize.pipeline.judge import EXIT_FAILURE, EXIT_TARGET_MET, EXIT_TARGET_MISSED, EXIT_USAGE
 from optimize.pipeline.loop import Pipeline, optimize
+from optimize.pipeline.record import Progress, RunRecord, StageRecord, Status
 from optimize.pipeline.request import OptimizeRequest, partial_report_path
-from optimize.pipeline.summary import PipelineResult, Progress, StageRecord
+from optimize.pipeline.summary import PipelineResult
 from optimize.units import parse_duration
 
 __all__ = [
@@ -44,7 +48,9 @@ __all__ = [
     "Pipeline",
     "PipelineResult",
     "Progress",
+    "RunRecord",
     "StageRecord",
+    "Status",
     "optimize",
     "parse_duration",
     "partial_report_path",

@@ -61,6 +61,7 @@ def _child_main(
         check_accuracy=_no_accuracy,
         log=lambda text: send("log", text),
         status=lambda text: send("status", text),
+        warn_fn=lambda text: send("warn", text),
     )
     os.chdir(ctx.workdir)
     try:
@@ -106,7 +107,9 @@ def run_in_child(stage: Stage, candidate: Candidate, ctx: StageContext) -> list[
     mp = multiprocessing.get_context("spawn")
     receiver, sender = mp.Pipe(duplex=False)
     budget_s = None if ctx.deadline is None else max(0.0, ctx.deadline - time.monotonic())
-    bare_ctx = replace(ctx, check_accuracy=_no_accuracy, log=_drop, status=None, note_point_fn=None)
+    bare_ctx = replace(
+        ctx, check_accuracy=_no_accuracy, log=_drop, status=None, note_point_fn=None, warn_fn=None
+    )
     process = mp.Process(
         target=_child_main, args=(stage, candidate, bare_ctx, budget_s, sender), name=f"lto-{stage.name}"
     )
@@ -143,6 +146,8 @@ def _receive(stage: Stage, process: Any, receiver: Connection, ctx: StageContext
             ) from None
         if kind == "log":
             ctx.log(value)
+        elif kind == "warn":
+            ctx.warn(value)
         elif kind == "status":
             (ctx.status or ctx.log)(value)
         elif kind == "result":

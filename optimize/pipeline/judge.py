@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from optimize.accuracy import AccuracyResult
 from optimize.evidence import Evidence, is_lossy
+from optimize.pipeline.record import StageRecord, Status
 from optimize.pipeline.request import OptimizeRequest, stage_disabled_reason
 from optimize.recipes import Recipe, StageSpec
 from optimize.stats import percentile_ci
 
 if TYPE_CHECKING:
     from optimize.bench import Comparison
-    from optimize.pipeline.summary import StageRecord
     from optimize.stage import Candidate
 
 EXIT_TARGET_MET = 0
@@ -87,17 +87,6 @@ def share_used_up(deadline: float | None, now: float, measured_in_stage: int) ->
     return deadline is not None and now >= deadline and measured_in_stage > 0
 
 
-def outcome_of(record: StageRecord) -> str:
-    """What a searching stage learns about one of its candidates (StageContext.outcomes)."""
-    if record.status == "kept":
-        return "kept"
-    if record.status == "unverified":
-        return "unverified"
-    if record.status == "rejected":
-        return "inaccurate" if record.reason.startswith("inaccurate") else "slower"
-    return "failed"
-
-
 def weigh_evidence(result: AccuracyResult, precision: str, evidence: Evidence | None) -> AccuracyResult:
     """A reduced or quantized candidate judged on rows that cannot tell is unverified, whether it
     passed there or not: passing proves nothing (a detector that detects nothing agrees with any
@@ -116,9 +105,9 @@ def weigh_evidence(result: AccuracyResult, precision: str, evidence: Evidence | 
 def hold_unverified(record: StageRecord, accuracy: AccuracyResult) -> None:
     """A candidate measured faster than the best but unverified is recorded, not kept (what data
     would verify it is said once, at the end of the run)."""
-    if record.status != "kept" or not accuracy.unverified:
+    if record.status != Status.KEPT or not accuracy.unverified:
         return
-    record.status = "unverified"
+    record.status = Status.UNVERIFIED
     record.reason = f"{record.reason}, but not shipped: unverified ({accuracy.unverified})"
 
 
@@ -126,7 +115,7 @@ def unverified_faster(records: Sequence[StageRecord], shipped_speedup: float) ->
     """The unverified candidates measured faster than what ships, fastest first, one per label."""
     out: dict[str, dict[str, Any]] = {}
     for r in records:
-        if r.status != "unverified" or r.speedup is None or r.speedup <= shipped_speedup:
+        if r.status != Status.UNVERIFIED or r.speedup is None or r.speedup <= shipped_speedup:
             continue
         if r.label in out and out[r.label]["speedup"] >= r.speedup:
             continue
@@ -191,12 +180,12 @@ def judge_candidate(
     record.speedup_ci95 = (1.0 / base_hi, 1.0 / base_lo) if base_lo > 0 else None
     figures = f"{metric} ratio {ratio:.3f}, CI {lo:.3f}–{hi:.3f}"
     if hi < 1.0 and ratio <= 1.0 - min_improvement:
-        record.status = "kept"
+        record.status = Status.KEPT
         record.reason = f"{1 / ratio:.2f}x faster than {best_label} ({figures})"
         if "confirmation" in record.details:
             record.reason += ", confirmed on fresh processes"
         return
-    record.status = "rejected"
+    record.status = Status.REJECTED
     if lo > 1.0:
         record.reason = f"slower than {best_label} ({figures})"
     elif hi >= 1.0:
@@ -253,7 +242,6 @@ __all__ = [
     "hold_unverified",
     "judge_candidate",
     "original_wins_final",
-    "outcome_of",
     "pre_skip_reason",
     "runoff_candidates",
     "search_done",

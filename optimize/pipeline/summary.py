@@ -1,77 +1,25 @@
-"""What a run of `lto optimize` hands back: the per-stage records, the report assembled from
-them, and the partial report of a run that stopped early.
+"""What a run of `lto optimize` hands back: the report assembled from the run's record, and the
+partial report of a run that stopped early.
 
-Nothing here measures or decides; it writes down what the loop measured and the judge decided.
+Nothing here measures or decides, and nothing reads the running pipeline: the report is built
+from the `RunRecord` (optimize/pipeline/record.py) and the final figures alone.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-
+from optimize import interrupts
 from optimize.errors import UsageError, first_line
+from optimize.files import write_json_atomic
+from optimize.pipeline.record import RunRecord, StageRecord, Status, json_safe
 from optimize.pipeline.request import partial_report_path
+from optimize.render.optimize_section import accuracy_cell
+from optimize.report import new_report, write_report
 from optimize.stage import Candidate
-
-if TYPE_CHECKING:
-    from optimize.pipeline.loop import Pipeline
-
-
-@dataclass
-class StageRecord:
-    """One row of the final table: a baseline, a candidate, or a stage that produced none."""
-
-    stage: str
-    label: str
-    # baseline | kept | rejected | skipped | failed | reverted (kept, then sent back by the
-    # final side-by-side comparison with the original) | unverified (reduced or quantized,
-    # measured faster, but the rows could not verify its accuracy: never shipped)
-    status: str
-    reason: str = ""
-    latency_ms: dict[str, float] | None = None  # p50, p99 and the target percentile
-    # The side it was measured against, in the same interleaved run: its latency_ms is only
-    # comparable with this one (an interleaved run inflates both sides on few cores).
-    versus: dict[str, Any] | None = None
-    ratio: float | None = None  # metric(candidate) / metric(best so far)
-    ratio_ci95: tuple[float, float] | None = None
-    # vs the baseline, measured in the same side-by-side run as the ratio (never chained)
-    speedup: float | None = None
-    speedup_ci95: tuple[float, float] | None = None
-    accuracy: dict[str, Any] | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-    backend: str | None = None
-    runtime_config: dict[str, Any] | None = None
-    precision: str | None = None
-    # exact | reassociated | reduced | quantized (optimize/evidence.py), once its outputs were seen
-    numerics: str | None = None
-    elapsed_s: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "label": self.label,
-            "status": self.status,
-            "reason": self.reason,
-            "latency_ms": self.latency_ms,
-            "versus": self.versus,
-            "ratio_vs_best": self.ratio,
-            "ratio_ci95": list(self.ratio_ci95) if self.ratio_ci95 else None,
-            "speedup_vs_baseline": self.speedup,
-            "speedup_ci95": list(self.speedup_ci95) if self.speedup_ci95 else None,
-            "accuracy": self.accuracy,
-            "details": json_safe(self.details),
-            "backend": self.backend,
-            "runtime_config": self.runtime_config,
-            "precision": self.precision,
-            "numerics": self.numerics,
-            "elapsed_s": round(self.elapsed_s, 3),
-        }
 
 
 @dataclass
@@ -82,35 +30,6 @@ class PipelineResult:
     exit_code: int
     artifact_dir: Path
     verdict: str
-
-
-class Progress:
-    """What the pipeline tells a display while it runs. The default shows nothing."""
-
-    def status(self, text: str) -> None:
-        pass
-
-    def record(self, record: StageRecord) -> None:
-        pass
-
-    def log(self, text: str) -> None:
-        pass
-
-
-def json_safe(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
 
 
 @dataclass
@@ -133,10 +52,9 @@ class FinalFigures:
     unverified: dict[str, Any] | None = None
 
 
-def optimize_report(run: Pipeline, final: FinalFigures) -> dict[str, Any]:
+def optimize_report(run: RunRecord, final: FinalFigures) -> dict[str, Any]:
     """The report of a finished run (kind "optimize"), validated by the report writer."""
-    from optimize.report import new_report
-
+    assert run.input_spec is not None, "a finished run resolved its inputs"
     section = {
         "partial": False,
         "recipe": run.recipe.to_json(),
@@ -167,15 +85,15 @@ def optimize_report(run: Pipeline, final: FinalFigures) -> dict[str, Any]:
         "runtimes": runtime_bests(run.records),
         "stages": [r.to_json() for r in run.records],
         "accuracy": final.accuracy,
-        "accuracy_samples": len(run.samples),
+        "accuracy_samples": run.accuracy_samples,
         "external_data": run.external_data,
         "artifact": str(run.out_dir),
-        "warnings": run.warnings + list(getattr(run.input_spec, "warnings", [])),
+        "warnings": run.all_warnings(),
         "log": run.logs[-200:],
-        "elapsed_s": round(time.monotonic() - run.started, 3),
+        "elapsed_s": run.elapsed_s(),
     }
     settings = {
-        "bench": run.settings.to_json(),
+        "bench": run.bench_settings,
         "recipe": run.recipe.name,
         "target_ms": run.request.target_ms,
         "target_percentile": run.metric,
@@ -199,8 +117,8 @@ def runtime_bests(records: list[StageRecord]) -> dict[str, dict[str, Any]]:
     through the comparisons that measured it): what each runtime achieved, whichever won."""
     bests: dict[str, dict[str, Any]] = {}
     for record in records:
-        accurate_and_timed = record.status in ("kept", "reverted") or (
-            record.status == "rejected" and not record.reason.startswith("inaccurate")
+        accurate_and_timed = record.status in (Status.KEPT, Status.REVERTED) or (
+            record.status == Status.REJECTED and not record.inaccurate
         )
         if not accurate_and_timed or record.speedup is None or record.backend is None:
             continue
@@ -217,9 +135,7 @@ def runtime_bests(records: list[StageRecord]) -> dict[str, dict[str, Any]]:
 def best_so_far(records: list[StageRecord]) -> dict[str, Any] | None:
     """The best accurate candidate when a run stopped (the last kept one, else the baseline),
     with its figures and how to get it without the rest of the run."""
-    from optimize.render.optimize_section import accuracy_cell
-
-    kept = [r for r in records if r.status in ("kept", "baseline")]
+    kept = [r for r in records if r.status in (Status.KEPT, Status.BASELINE)]
     if not kept:
         return None
     best = kept[-1]
@@ -229,11 +145,11 @@ def best_so_far(records: list[StageRecord]) -> dict[str, Any] | None:
         for x in (
             f"{best.speedup:.2f}x vs the baseline" if best.speedup else "",
             f"p50 {p50:.3f} ms" if p50 is not None else "",
-            f"accuracy {accuracy_cell(best.accuracy)}" if best.status == "kept" else "",
+            f"accuracy {accuracy_cell(best.accuracy)}" if best.status == Status.KEPT else "",
         )
         if x
     )
-    if best.status == "baseline":
+    if best.status == Status.BASELINE:
         summary = "no candidate had beaten the original model yet"
     else:
         summary = (
@@ -243,12 +159,9 @@ def best_so_far(records: list[StageRecord]) -> dict[str, Any] | None:
     return {**best.to_json(), "summary": summary}
 
 
-def write_partial_report(run: Pipeline, exc: BaseException) -> None:
+def write_partial_report(run: RunRecord, exc: BaseException) -> None:
     """Ctrl-C, SIGTERM or a crash: no artifact, but a report of what was done and the best
     candidate so far, beside where the artifact would be."""
-    from optimize import interrupts
-    from optimize.files import write_json_atomic
-
     if isinstance(exc, UsageError) and not run.records:
         return  # bad inputs found before the baseline ran: the one-line error says it all
     path = partial_report_path(run.out_dir)
@@ -262,16 +175,13 @@ def write_partial_report(run: Pipeline, exc: BaseException) -> None:
         "stages": [r.to_json() for r in run.records],
         "warnings": run.warnings,
         "log": run.logs[-200:],
-        "elapsed_s": round(time.monotonic() - run.started, 3),
+        "elapsed_s": run.elapsed_s(),
     }
     with contextlib.suppress(Exception):
-        from optimize.report import new_report, write_report
-
-        spec = getattr(run, "input_spec", None)
         report = new_report(
             "optimize",
             model_path=run.request.model_path,
-            input_spec=spec.to_json() if spec is not None else None,
+            input_spec=run.input_spec.to_json() if run.input_spec is not None else None,
             settings={"recipe": run.recipe.name, "target_ms": run.request.target_ms},
         )
         report["results"] = list(run.results)
@@ -284,3 +194,14 @@ def write_partial_report(run: Pipeline, exc: BaseException) -> None:
     with contextlib.suppress(Exception):  # the schema or environment failed: keep the facts anyway
         write_json_atomic(path, {"kind": "optimize", "optimize": json_safe(section)})
         run.progress.log(f"no artifact written; partial report: {path}")
+
+
+__all__ = [
+    "FinalFigures",
+    "PipelineResult",
+    "StageRecord",
+    "best_so_far",
+    "optimize_report",
+    "runtime_bests",
+    "write_partial_report",
+]

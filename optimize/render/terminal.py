@@ -6,7 +6,7 @@ Markdown lives in optimize.render.markdown; the library modules return data and 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -14,9 +14,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from optimize.render.common import gate_rows, pairs_word
-
-if TYPE_CHECKING:
-    from optimize.pipeline.summary import StageRecord
 
 
 def fmt_ms(value: float) -> str:
@@ -449,15 +446,17 @@ _STATUS_STYLE = {
 }
 
 
-def optimize_row_line(record: StageRecord) -> str:
-    """One streamed line per stage record (an optimize.pipeline StageRecord) as it lands."""
-    style = _STATUS_STYLE.get(record.status, "")
-    p50 = f" p50 {record.latency_ms['p50']:.3f} ms" if record.latency_ms else ""
-    versus = (record.versus or {}).get("latency_ms") if record.versus else None
-    if record.latency_ms and versus:
+def optimize_row_line(row: Mapping[str, Any]) -> str:
+    """One streamed line per row of an optimize report's stage table, as it lands."""
+    status, latency = str(row["status"]), row.get("latency_ms")
+    style = _STATUS_STYLE.get(status, "")
+    p50 = f" p50 {latency['p50']:.3f} ms" if latency else ""
+    versus = (row.get("versus") or {}).get("latency_ms")
+    if latency and versus:
         # The figure its verdict compares with: the same run, not the baseline measured alone.
         p50 += f" vs {versus['p50']:.3f} ms"
-    return f"[{style}]{record.status:>8}[/] {escape(record.label)}{p50}  [dim]{escape(record.reason)}[/]"
+    label, reason = escape(str(row["label"])), escape(str(row.get("reason", "")))
+    return f"[{style}]{status:>8}[/] {label}{p50}  [dim]{reason}[/]"
 
 
 def render_optimize_summary(

@@ -34,7 +34,7 @@ from optimize.pipeline import (
     parse_duration,
     partial_report_path,
 )
-from optimize.pipeline.summary import Progress
+from optimize.pipeline.record import Progress
 from optimize.report import load_report
 from optimize.runtimes import registry
 from optimize.runtimes.spec import RuntimeSpec, StageInfo

@@ -143,23 +143,23 @@ def test_optimize_summary_is_one_line_a_stage_at_80_columns() -> None:
 
 
 def test_streamed_row_shows_the_same_run_figure_its_verdict_compares() -> None:
-    from optimize.pipeline.summary import StageRecord
+    from optimize.pipeline.record import StageRecord
     from optimize.render.terminal import optimize_row_line
 
     record = StageRecord("quantize", "quantize:qdq", "rejected", "slower than baseline (p50 ratio 1.05)")
     record.latency_ms = {"p50": 1.344, "p99": 2.0}
     record.versus = {"label": "baseline", "latency_ms": {"p50": 1.280, "p99": 1.9}}
-    line = optimize_row_line(record)
+    line = optimize_row_line(record.to_json())
     assert "p50 1.344 ms vs 1.280 ms" in line  # both from one run: the verdict and figures agree
 
 
 def test_streamed_row_styles_a_reverted_candidate() -> None:
-    from optimize.pipeline.summary import StageRecord
+    from optimize.pipeline.record import StageRecord
     from optimize.render.terminal import optimize_row_line
 
     reason = "slower than the original side by side"
     record = StageRecord("quantize", "quantize:static-qdq", "reverted", reason)
-    line = optimize_row_line(record)
+    line = optimize_row_line(record.to_json())
     assert line.startswith("[yellow]reverted[/]") and "quantize:static-qdq" in line
 
 

@@ -571,7 +571,7 @@ def calibration_samples(
     ctx: StageContext, purpose: str = "int8"
 ) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
     """(samples, where they came from): --calib-data (ctx.options["calib_data"]) or generated
-    inputs, with a WARNING in the log, since synthetic activation ranges may not match real ones.
+    inputs, with a warning, since synthetic activation ranges may not match real ones.
     Shared by ONNX Runtime's and OpenVINO's int8 stages."""
     count = int(ctx.options.get("calib_samples", DEFAULT_CALIB_SAMPLES))
     source = ctx.options.get("calib_data")
@@ -579,8 +579,8 @@ def calibration_samples(
         samples = load_calibration(source, ctx.feeds)
         origin = str(source) if not isinstance(source, (list, tuple)) else "list"
         return samples, {"source": origin, "samples": len(samples)}
-    ctx.log(
-        f"WARNING: calibrating {purpose} on {count} generated inputs (no --calib-data); activation ranges "
+    ctx.warn(
+        f"calibrating {purpose} on {count} generated inputs (no --calib-data); activation ranges "
         "from synthetic data may not match real inputs. Pass --calib-data FILE.npz for representative ranges."
     )
     return generated_calibration(ctx, count), {"source": "generated", "samples": count}

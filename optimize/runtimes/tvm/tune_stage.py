@@ -206,8 +206,8 @@ class TvmTuneStage(Stage):
             cached_tasks = sum(1 for s in states if s.best_us is not None)
             uncovered = len(states) - cached_tasks
             if 0 < settings.trials < uncovered:
-                ctx.log(
-                    f"warning: {settings.trials} trials cannot give each of the {uncovered} kernels "
+                ctx.warn(
+                    f"{settings.trials} trials cannot give each of the {uncovered} kernels "
                     "without a record one measurement; the build will not be shipped (raise trials)"
                 )
             if reused:
@@ -238,8 +238,8 @@ class TvmTuneStage(Stage):
         kernels = count_scheduled(applied)
         if kernels.scheduled < kernels.total:
             more_names = " …" if len(kernels.unscheduled) > 5 else ""
-            ctx.log(
-                f"warning: only {kernels.scheduled} of {kernels.total} kernels got a tuned schedule "
+            ctx.warn(
+                f"only {kernels.scheduled} of {kernels.total} kernels got a tuned schedule "
                 f"(untuned: {', '.join(kernels.unscheduled[:5])}{more_names})"
             )
             if summary.stopped_by == "time":

@@ -1,0 +1,192 @@
+"""The record of one `lto optimize` run: what was measured and decided, kept apart from the code
+that runs it (the loop writes it; `summary` builds the reports from it and from nothing else).
+
+A row's state is an enum, never a sentence: `Status` is what the table shows, `Outcome`
+(optimize.stage) what a searching stage learns about its candidate. Reasons only explain them.
+Warnings have their own channel: a log line is never promoted to a warning by its wording.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from optimize.inputs import InputSpec
+from optimize.pipeline.request import OptimizeRequest
+from optimize.recipes import Recipe
+from optimize.stage import Outcome, TextEnum
+
+
+class Status(TextEnum):
+    """A row of the final table (a str, so reports and comparisons read it as its value)."""
+
+    BASELINE = "baseline"
+    KEPT = "kept"
+    REJECTED = "rejected"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    # kept, then sent back by the final side-by-side comparison with the original
+    REVERTED = "reverted"
+    # reduced or quantized, measured faster, but the rows could not verify its accuracy: never shipped
+    UNVERIFIED = "unverified"
+
+
+@dataclass
+class StageRecord:
+    """One row of the final table: a baseline, a candidate, or a stage that produced none."""
+
+    stage: str
+    label: str
+    status: Status
+    reason: str = ""
+    latency_ms: dict[str, float] | None = None  # p50, p99 and the target percentile
+    # The side it was measured against, in the same interleaved run: its latency_ms is only
+    # comparable with this one (an interleaved run inflates both sides on few cores).
+    versus: dict[str, Any] | None = None
+    ratio: float | None = None  # metric(candidate) / metric(best so far)
+    ratio_ci95: tuple[float, float] | None = None
+    # vs the baseline, measured in the same side-by-side run as the ratio (never chained)
+    speedup: float | None = None
+    speedup_ci95: tuple[float, float] | None = None
+    accuracy: dict[str, Any] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    backend: str | None = None
+    runtime_config: dict[str, Any] | None = None
+    precision: str | None = None
+    # exact | reassociated | reduced | quantized (optimize/evidence.py), once its outputs were seen
+    numerics: str | None = None
+    elapsed_s: float = 0.0
+    # Why a rejected candidate was rejected: its outputs, or its speed.
+    inaccurate: bool = False
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)
+
+    def outcome(self) -> Outcome:
+        """What a searching stage learns about this candidate."""
+        if self.status == Status.KEPT:
+            return Outcome.KEPT
+        if self.status == Status.UNVERIFIED:
+            return Outcome.UNVERIFIED
+        if self.status == Status.REJECTED:
+            return Outcome.INACCURATE if self.inaccurate else Outcome.SLOWER
+        return Outcome.FAILED
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "label": self.label,
+            "status": Status(self.status).value,
+            "reason": self.reason,
+            "latency_ms": self.latency_ms,
+            "versus": self.versus,
+            "ratio_vs_best": self.ratio,
+            "ratio_ci95": list(self.ratio_ci95) if self.ratio_ci95 else None,
+            "speedup_vs_baseline": self.speedup,
+            "speedup_ci95": list(self.speedup_ci95) if self.speedup_ci95 else None,
+            "accuracy": self.accuracy,
+            "details": json_safe(self.details),
+            "backend": self.backend,
+            "runtime_config": self.runtime_config,
+            "precision": self.precision,
+            "numerics": self.numerics,
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+
+class Progress:
+    """What the pipeline tells a display while it runs. The default shows nothing."""
+
+    def status(self, text: str) -> None:
+        pass
+
+    def record(self, record: StageRecord) -> None:
+        pass
+
+    def log(self, text: str) -> None:
+        pass
+
+
+@dataclass
+class RunRecord:
+    """Everything a run of `lto optimize` measured, decided and said, in the order it happened,
+    with the facts the reports need. The loop adds to it; summary reads it."""
+
+    request: OptimizeRequest
+    recipe: Recipe
+    model_kind: str
+    out_dir: Path
+    bench_settings: dict[str, Any]
+    progress: Progress = field(default_factory=Progress)
+    started: float = field(default_factory=time.monotonic)
+    records: list[StageRecord] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)  # measurements, as JSON
+    # Known once the inputs are resolved (None: the run stopped before).
+    input_spec: InputSpec | None = None
+    accuracy_samples: int = 0
+    external_data: bool = False
+
+    @property
+    def metric(self) -> str:
+        return self.request.target_percentile
+
+    def add(self, record: StageRecord) -> None:
+        if (
+            record.status == Status.FAILED
+            and self.external_data
+            and "external data" not in record.reason.lower()
+        ):
+            # The report must say when a stage may have failed on a model with its weights in side files.
+            record.reason += " (the model keeps its weights as external data)"
+        self.records.append(record)
+        self.progress.record(record)
+
+    def log(self, text: str) -> None:
+        self.logs.append(text)
+        self.progress.log(text)
+
+    def warn(self, text: str) -> None:
+        """A warning for the report (once), shown as it happens."""
+        if text not in self.warnings:
+            self.warnings.append(text)
+            self.progress.log(f"warning: {text}")
+
+    def status(self, text: str) -> None:
+        self.progress.status(text)
+
+    def elapsed_s(self) -> float:
+        return round(time.monotonic() - self.started, 3)
+
+    def all_warnings(self) -> list[str]:
+        """The run's warnings, then the inputs' (padding, generated scalars)."""
+        extra = list(self.input_spec.warnings) if self.input_spec is not None else []
+        return self.warnings + [w for w in extra if w not in self.warnings]
+
+
+def json_safe(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+__all__ = ["Outcome", "Progress", "RunRecord", "StageRecord", "Status", "json_safe"]
