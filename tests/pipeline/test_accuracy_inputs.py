@@ -5,6 +5,7 @@ the manifest, the user's metric. Measuring is faked as in test_pipeline.py; no t
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ from optimize.accuracy import MetricError
 from optimize.artifact import load_artifact
 from optimize.errors import InputError, UsageError
 from optimize.pipeline import OptimizeRequest, Pipeline, PipelineResult, optimize
+from optimize.pipeline.baseline import prepare_inputs
 from optimize.pipeline.request import apply_overrides, choose_recipe, parse_accuracy_spec
+from optimize.recipes import Recipe
 from optimize.report import load_report
 from optimize.stage import Candidate, Stage, StageContext
 from tests.cli_helpers import run_lto
@@ -40,16 +43,33 @@ def run_on(
                     known_stages=list(stages))  # fmt: skip
 
 
-def prepared(tmp_path: Path, model: Path, extra_recipe: str = "", **request_kw: Any) -> Pipeline:
-    """A pipeline with its inputs resolved (what runs before the baseline), and nothing else."""
+@dataclass
+class Prepared:
+    """What a run knows once its inputs are resolved, before the baseline runs."""
+
+    feeds: dict[str, np.ndarray]
+    samples: list[dict[str, np.ndarray]]
+    warnings: list[str]
+    recipe: Recipe
+    workdir: Path
+
+
+def prepare(
+    tmp_path: Path, model: Path, request: OptimizeRequest, recipe: Recipe, notes: list[str]
+) -> Prepared:
+    pipeline = Pipeline(request, recipe, recipe_notes=notes)
+    workdir = tmp_path / "work"
+    workdir.mkdir(exist_ok=True)
+    inputs = prepare_inputs(pipeline.record, model, workdir)
+    return Prepared(inputs.feeds, inputs.rows.samples, pipeline.record.warnings, recipe, workdir)
+
+
+def prepared(tmp_path: Path, model: Path, extra_recipe: str = "", **request_kw: Any) -> Prepared:
+    """A run with its inputs resolved (what runs before the baseline), and nothing else."""
     recipe_path = write_recipe(tmp_path, ["quantize"], extra_recipe)
     request = OptimizeRequest(model_path=model, recipe=str(recipe_path), **request_kw)
     recipe, _ = choose_recipe(request, known_stages=["quantize"])
-    pipeline = Pipeline(request, recipe, recipe_notes=apply_overrides(recipe, request))
-    pipeline.workdir = tmp_path / "work"
-    pipeline.workdir.mkdir(exist_ok=True)
-    pipeline._prepare_inputs(model)
-    return pipeline
+    return prepare(tmp_path, model, request, recipe, apply_overrides(recipe, request))
 
 
 # --- the gate in the loop -----------------------------------------------------------------------
@@ -88,9 +108,7 @@ def test_accuracy_samples_default_to_32_and_never_equal_calibration_inputs(tmp_p
     (tmp_path / "test-recipe.toml").write_text(recipe)
     request = OptimizeRequest(model_path=model, recipe=str(tmp_path / "test-recipe.toml"), seed=1000)
     chosen, _ = choose_recipe(request, known_stages=["quantize"])
-    pipeline = Pipeline(request, chosen)
-    pipeline.workdir = tmp_path
-    pipeline._prepare_inputs(model)
+    pipeline = prepare(tmp_path, model, request, chosen, [])
     assert len(pipeline.samples) == 32
     ctx = make_stage_context(tmp_path / "stage", model, feeds=pipeline.feeds)
     calibration = {c["x"].tobytes() for c in generated_calibration(ctx, 64)}
