@@ -38,7 +38,9 @@ MODEL_S = 0.001
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout=60))
+    # No test waits for a real timer (the slowest takes well under a second): a run this long
+    # is a batcher that waits for fake time nobody will pass.
+    return asyncio.run(asyncio.wait_for(coro, timeout=10))
 
 
 async def raised(awaitable: Awaitable[Any], kind: type[BaseException]) -> BaseException | None:
