@@ -25,7 +25,6 @@ import contextlib
 import heapq
 import itertools
 import math
-import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,11 @@ import numpy as np
 
 from optimize.backend import Backend, TensorSpec
 from optimize.errors import InputError, UsageError, message_line
+<<<<<<< HEAD
+=======
+from optimize.runtimes.base import Backend, TensorSpec
+from optimize.serve.clock import Clock, MonotonicClock, Timer
+>>>>>>> wt-batcher
 
 
 class ServeError(Exception):
@@ -332,6 +336,7 @@ class Batcher:
 
     Use inside a running event loop: `await start()`, then `await submit(feeds)` from any
     number of tasks, and `await drain()` to finish what was accepted and stop.
+    Every time it reads or compares comes from `clock` (the real one by default).
     """
 
     def __init__(
@@ -340,6 +345,7 @@ class Batcher:
         config: BatcherConfig | None = None,
         *,
         on_batch: Callable[[BatchStats], None] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if not backends:
             raise UsageError("the batcher needs at least one model instance")
@@ -350,6 +356,7 @@ class Batcher:
         self.max_rows = self.config.max_batch if self.signature.batchable else 1
         self.latency = LatencyModel()
         self.on_batch = on_batch
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
         # Input name -> values must lie in [0, limit) (embedding table rows); found by the loader.
         self.value_limits: dict[str, int] = {}
         # Longest sequence (axis 1 of token inputs) the model's position table covers.
@@ -384,7 +391,7 @@ class Batcher:
         self._accepting = False
         self._draining = False
         self._wake: asyncio.Event | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.Event | None = None
         self.batches_run = 0
@@ -423,9 +430,9 @@ class Batcher:
             backend.run(feeds)  # warm-up for this shape
             work = self._work(feeds)
             for _ in range(self.config.calibration_runs):
-                t0 = time.perf_counter()
+                t0 = self.clock.now()
                 backend.run(feeds)
-                self.latency.observe(work, (time.perf_counter() - t0) * 1e3)
+                self.latency.observe(work, (self.clock.now() - t0) * 1e3)
             if self.latency.predict(work) > budget or size == self.max_rows:
                 break
             size = min(size * 2, self.max_rows)
@@ -528,8 +535,8 @@ class Batcher:
         """Queue one request (already checked with `check_request`) and wait for its outputs.
 
         A request has a deadline only when it brings one (`deadline_ms`) or the batcher has a
-        `queue_timeout_ms` (Triton's rule); it counts from `arrived` (a time.monotonic() value),
-        by default from now, i.e. from when the request was decoded and queued.
+        `queue_timeout_ms` (Triton's rule); it counts from `arrived`, a reading of `self.clock`
+        (not of any other clock), by default from now, i.e. from when the request was queued.
         `target_latency_ms` only steers when batches leave and how big they grow. `alone`: the
         caller has no other request in hand, so a short batch may run on the loop (inline_max_ms).
 
@@ -545,7 +552,7 @@ class Batcher:
                 f"queue full ({self._queued_rows} rows waiting, limit {self.config.max_queue})",
                 retry_after_s=self.retry_after_s(),
             )
-        now = time.monotonic()
+        now = self.clock.now()
         if self._last_arrival is not None:
             gap = now - self._last_arrival
             self._gap_s = gap if self._gap_s is None else 0.9 * self._gap_s + 0.1 * gap
@@ -875,10 +882,9 @@ class Batcher:
     async def _dispatch_loop(self) -> None:
         """The timer side of dispatch: wakes for max-wait, deadline and expiry times."""
         assert self._wake is not None
-        loop = asyncio.get_running_loop()
         while True:
             self._wake.clear()
-            wake_at = self._dispatch_ready(time.monotonic())
+            wake_at = self._dispatch_ready(self.clock.now())
             expiry = self._next_expiry()
             if expiry is not None:
                 wake_at = expiry if wake_at is None else min(wake_at, expiry)
@@ -886,7 +892,7 @@ class Batcher:
                 self._timer.cancel()
                 self._timer = None
             if wake_at is not None:
-                self._timer = loop.call_at(max(wake_at, loop.time()), self._wake.set)
+                self._timer = self.clock.call_at(wake_at, self._wake.set)
             await self._wake.wait()
 
     def _launch(self, batch: list[_Pending], standby_of: int | None = None, start: float = 0.0) -> None:
@@ -904,7 +910,7 @@ class Batcher:
             self._check_idle()
             return
         work = sum(r.work for r in live)
-        end = max(start, time.monotonic()) + (self.latency.predict(work) if self.latency.n else 0.0) / 1e3
+        end = max(start, self.clock.now()) + (self.latency.predict(work) if self.latency.n else 0.0) / 1e3
         if standby_of is None:
             self._busy_until[instance] = end
         else:
@@ -940,7 +946,7 @@ class Batcher:
         future: asyncio.Future[Any] | concurrent.futures.Future[Any],
     ) -> None:
         """On the loop when a batch returns: answer its requests, free the instance, dispatch."""
-        t_back = time.monotonic()
+        t_back = self.clock.now()
         rows = sum(r.rows for r in live)
         ok = False
         model_ms = 0.0
@@ -989,7 +995,7 @@ class Batcher:
             if self.on_batch is not None and live:
                 self.on_batch(BatchStats(rows=rows, requests=len(live), model_ms=model_ms, ok=ok))
             if self._queues and self._task is not None:
-                self._dispatch_ready(time.monotonic())
+                self._dispatch_ready(self.clock.now())
                 self._kick()  # the dispatcher re-arms its timer for whatever is left
             self._check_idle()
 
@@ -1006,25 +1012,24 @@ class Batcher:
             if len(batch) == 1:
                 return [exc], *self._no_times()
         outs: list[dict[str, np.ndarray] | BaseException] = []
-        t_asm = time.monotonic()
+        t_asm = self.clock.now()
         for req in batch:
             try:
                 outs.append(self._execute_batch(instance, [req])[0][0])
             except Exception as exc:
                 outs.append(exc)
-        t_end = time.monotonic()
+        t_end = self.clock.now()
         return outs, t_asm, t_asm, t_end, 0.0
 
-    @staticmethod
-    def _no_times() -> tuple[float, float, float, float]:
-        now = time.monotonic()
+    def _no_times(self) -> tuple[float, float, float, float]:
+        now = self.clock.now()
         return now, now, now, 0.0
 
     def _execute_batch(
         self, instance: int, batch: list[_Pending]
     ) -> tuple[list[dict[str, np.ndarray]], float, float, float, float]:
         """Assemble, run, split."""
-        t_asm = time.monotonic()
+        t_asm = self.clock.now()
         bucket = batch[0].bucket
         if len(batch) == 1 and (bucket is None or batch[0].seq_len == bucket):
             feeds = batch[0].feeds
@@ -1040,9 +1045,9 @@ class Batcher:
                     ]
                 feeds[name] = np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
         work = self._work(feeds)
-        t_run = time.monotonic()
+        t_run = self.clock.now()
         outputs = self.backends[instance].run(feeds)
-        t_end = time.monotonic()
+        t_end = self.clock.now()
         total = sum(r.rows for r in batch)
         split: list[dict[str, np.ndarray]] = [{} for _ in batch]
         for name, value in outputs.items():

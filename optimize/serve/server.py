@@ -475,13 +475,12 @@ class InferenceServer(HttpApplication):
             return _error(400, exc.one_line())
         del body
         t_decoded = time.monotonic()
-        # A deadline counts from here, decoded and queued (Triton's rule), not from arrival.
         try:
             # The only request in the server may run on the loop: no hand-off to a thread and back.
             alone = self.inflight == 1 and _loop_has_nothing_else()
-            result = await self.batcher.submit(
-                parsed.feeds, parsed.deadline_ms, arrived=t_decoded, alone=alone
-            )
+            # No `arrived`: the deadline counts from submit, decoded and queued (Triton's rule),
+            # not from arrival, and on the batcher's own clock.
+            result = await self.batcher.submit(parsed.feeds, parsed.deadline_ms, alone=alone)
         except Overloaded as exc:
             self.count("overloaded")
             return _error(503, exc.message, {"Retry-After": str(exc.retry_after_s)})

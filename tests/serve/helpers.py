@@ -13,11 +13,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from optimize.backend import Backend, TensorSpec
+from tests.serve.fake_clock import FakeClock
 
 
 class SleepBackend(Backend):
     """y = 2x + 1 and s = row sums of x[batch, 4], after sleeping `base_ms + per_row_ms * rows`.
 
+    With a `clock`, the call lets that much fake time pass on it instead of sleeping.
     Records the rows of every call. `gate` (a threading.Event) blocks calls until set, to hold a
     batch in flight; `fail_rows` makes a call with that many rows raise, `poison` a call with
     that value anywhere in x (like a token id beyond the vocabulary).
@@ -33,6 +35,7 @@ class SleepBackend(Backend):
         gate: threading.Event | None = None,
         fail_rows: int | None = None,
         poison: float | None = None,
+        clock: FakeClock | None = None,
     ) -> None:
         super().__init__("fake.onnx", {})
         self.base_ms = base_ms
@@ -41,6 +44,7 @@ class SleepBackend(Backend):
         self.gate = gate
         self.fail_rows = fail_rows
         self.poison = poison
+        self.clock = clock
         self.calls: list[int] = []
         self.lock = threading.Lock()
 
@@ -63,7 +67,11 @@ class SleepBackend(Backend):
             raise RuntimeError(f"injected failure on a batch of {x.shape[0]}")
         if self.poison is not None and bool((x == self.poison).any()):
             raise RuntimeError(f"injected failure: x holds {self.poison}")
-        time.sleep((self.base_ms + self.per_row_ms * x.shape[0]) / 1e3)
+        seconds = (self.base_ms + self.per_row_ms * x.shape[0]) / 1e3
+        if self.clock is not None:
+            self.clock.pass_time(seconds)
+        else:
+            time.sleep(seconds)
         return {"y": x * 2 + 1, "s": x.sum(axis=1)}
 
     def describe(self) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The dynamic batcher: when batches form, exact splitting, deadlines, shedding, exactly-once, drain.
 
-Timing-dependent checks use only bounds that a loaded machine cannot break: a sleep is never
-shorter than asked, and a batch that should leave at once must not wait for a timer of minutes.
+Tests of its decisions run on a FakeClock: time passes only when the test advances it or a fake
+model takes simulated time, so they wait for no timer and decide alike on any machine. The
+exactly-once test keeps the real clock: it is about real threads and racing arrivals, and its
+timing checks use only bounds that a loaded machine cannot break.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-import time
 from collections.abc import Awaitable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -27,13 +28,19 @@ from optimize.serve.batcher import (
     Overloaded,
     sample_row,
 )
+from tests.serve.fake_clock import FakeClock, settle
 from tests.serve.helpers import SleepBackend, make_token_model
 
 LONG = 60_000.0  # ms: a timer or deadline that a test must never reach
+# The fake time a real runtime's call takes: on the fake clock it would take none, and the
+# batcher reads a model measured at 0 ms as having no efficient batch size (one row a batch).
+MODEL_S = 0.001
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout=60))
+    # No test waits for a real timer (the slowest takes well under a second): a run this long
+    # is a batcher that waits for fake time nobody will pass.
+    return asyncio.run(asyncio.wait_for(coro, timeout=10))
 
 
 async def raised(awaitable: Awaitable[Any], kind: type[BaseException]) -> BaseException | None:
@@ -103,14 +110,17 @@ def test_batch_size_follows_measured_efficiency_not_just_the_budget() -> None:
 
 
 def test_batch_forms_when_full_without_waiting_for_the_timer() -> None:
-    backend = SleepBackend(base_ms=1)
+    clock = FakeClock()
+    backend = SleepBackend(base_ms=1, clock=clock)
 
     async def main() -> tuple[list[Any], float]:
-        batcher = Batcher([backend], BatcherConfig(max_batch=4, max_wait_ms=LONG, target_latency_ms=LONG * 2))
+        config = BatcherConfig(max_batch=4, max_wait_ms=LONG, target_latency_ms=LONG * 2)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
-        t0 = time.monotonic()
+        t0 = clock.now()
+        # The test lets no time pass: only leaving when full answers them.
         results = await asyncio.gather(*(batcher.submit(x(1, i)) for i in range(4)))
-        elapsed = time.monotonic() - t0
+        elapsed = clock.now() - t0
         await batcher.drain()
         return results, elapsed
 
@@ -121,12 +131,16 @@ def test_batch_forms_when_full_without_waiting_for_the_timer() -> None:
 
 
 def test_batch_forms_after_max_wait_with_no_further_arrival() -> None:
-    backend = SleepBackend(base_ms=1)
+    clock = FakeClock()
+    backend = SleepBackend(base_ms=1, clock=clock)
 
     async def main() -> list[Any]:
-        batcher = Batcher([backend], BatcherConfig(max_batch=64, max_wait_ms=50, target_latency_ms=LONG))
+        config = BatcherConfig(max_batch=64, max_wait_ms=50, target_latency_ms=LONG)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
-        results = await asyncio.gather(*(batcher.submit(x(1, i)) for i in range(3)))
+        submitted = asyncio.gather(*(batcher.submit(x(1, i)) for i in range(3)))
+        await clock.advance(0.05)
+        results = await submitted
         await batcher.drain()
         return results
 
@@ -136,17 +150,21 @@ def test_batch_forms_after_max_wait_with_no_further_arrival() -> None:
     assert all(r.queue_ms >= 45 for r in results)
 
 
-@pytest.mark.slow
 def test_sparse_arrivals_do_not_wait_for_company() -> None:
-    backend = SleepBackend(base_ms=1)
+    clock = FakeClock()
+    backend = SleepBackend(base_ms=1, clock=clock)
 
     async def main() -> list[Any]:
-        batcher = Batcher([backend], BatcherConfig(max_batch=64, max_wait_ms=500, target_latency_ms=LONG))
+        config = BatcherConfig(max_batch=64, max_wait_ms=500, target_latency_ms=LONG)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
         results = []
         for i in range(3):
-            results.append(await batcher.submit(x(1, i)))
-            await asyncio.sleep(0.6)  # arrivals further apart than the 500 ms wait
+            pending = asyncio.ensure_future(batcher.submit(x(1, i)))
+            if i == 0:
+                await clock.advance(0.5)  # no arrival history yet: the first waits out the max wait
+            results.append(await pending)
+            await clock.advance(0.6)  # arrivals further apart than the 500 ms wait
         await batcher.drain()
         return results
 
@@ -158,15 +176,19 @@ def test_sparse_arrivals_do_not_wait_for_company() -> None:
 
 
 def test_batch_leaves_early_to_meet_the_earliest_deadline() -> None:
-    backend = SleepBackend(base_ms=20)
+    clock = FakeClock()
+    backend = SleepBackend(base_ms=20, clock=clock)
 
     async def main() -> Any:
-        batcher = Batcher([backend], BatcherConfig(max_batch=64, max_wait_ms=LONG, target_latency_ms=LONG))
+        config = BatcherConfig(max_batch=64, max_wait_ms=LONG, target_latency_ms=LONG)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start(x(1))  # calibration teaches it the model takes about 20 ms
         backend.calls.clear()
-        t0 = time.monotonic()
-        result = await batcher.submit(x(1), deadline_ms=400)
-        elapsed = (time.monotonic() - t0) * 1e3
+        t0 = clock.now()
+        pending = asyncio.ensure_future(batcher.submit(x(1), deadline_ms=400))
+        await clock.run_next_timer()  # when the batcher chose to leave
+        result = await pending
+        elapsed = (clock.now() - t0) * 1e3
         await batcher.drain()
         return result, elapsed
 
@@ -178,14 +200,18 @@ def test_batch_leaves_early_to_meet_the_earliest_deadline() -> None:
 
 
 def test_results_are_split_exactly_across_requests_of_different_rows() -> None:
-    backend = SleepBackend(base_ms=1)
+    clock = FakeClock()
+    backend = SleepBackend(base_ms=1, clock=clock)
     rng = np.random.default_rng(0)
     feeds = [{"x": rng.standard_normal((rows, 4)).astype(np.float32)} for rows in (1, 3, 2, 1)]
 
     async def main() -> list[Any]:
-        batcher = Batcher([backend], BatcherConfig(max_batch=16, max_wait_ms=100, target_latency_ms=LONG))
+        config = BatcherConfig(max_batch=16, max_wait_ms=100, target_latency_ms=LONG)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
-        results = await asyncio.gather(*(batcher.submit(f) for f in feeds))
+        submitted = asyncio.gather(*(batcher.submit(f) for f in feeds))
+        await clock.advance(0.1)  # the max wait
+        results = await submitted
         await batcher.drain()
         return results
 
@@ -197,15 +223,19 @@ def test_results_are_split_exactly_across_requests_of_different_rows() -> None:
 
 
 def test_request_that_cannot_meet_its_deadline_gets_a_timeout_and_never_runs() -> None:
+    clock = FakeClock()
     gate = threading.Event()
-    backend = SleepBackend(base_ms=1, gate=gate)
+    backend = SleepBackend(base_ms=1, gate=gate, clock=clock)
 
     async def main() -> tuple[Any, BaseException | None]:
-        batcher = Batcher([backend], BatcherConfig(max_batch=8, max_wait_ms=0, target_latency_ms=LONG))
+        config = BatcherConfig(max_batch=8, max_wait_ms=0, target_latency_ms=LONG)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
         first = asyncio.ensure_future(batcher.submit(x(1)))
-        await asyncio.sleep(0.05)  # first is now in flight, blocked on the gate
-        late = await raised(batcher.submit(x(2, 100), deadline_ms=30), DeadlineExceeded)
+        await clock.advance(0.05)  # first is now in flight, blocked on the gate
+        waiting = asyncio.ensure_future(raised(batcher.submit(x(2, 100), deadline_ms=30), DeadlineExceeded))
+        await clock.advance(0.05)  # past its deadline, the instance still busy
+        late = await waiting
         gate.set()
         result = await first
         await batcher.drain()
@@ -219,10 +249,12 @@ def test_request_that_cannot_meet_its_deadline_gets_a_timeout_and_never_runs() -
 
 
 def test_a_lone_request_skips_the_queue_but_keeps_its_deadline_and_exact_results() -> None:
-    backend = SleepBackend(base_ms=20)
+    clock = FakeClock()
+    backend = SleepBackend(base_ms=20, clock=clock)
 
     async def main() -> tuple[list[Any], BaseException | None, int]:
-        batcher = Batcher([backend], BatcherConfig(max_batch=8, max_wait_ms=0, target_latency_ms=LONG))
+        config = BatcherConfig(max_batch=8, max_wait_ms=0, target_latency_ms=LONG)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
         results = [await batcher.submit(x(r, 10 * r), alone=True) for r in (1, 3, 2)]
         # The model is known to take 20 ms: a 5 ms deadline cannot be met, even alone.
@@ -240,22 +272,24 @@ def test_a_lone_request_skips_the_queue_but_keeps_its_deadline_and_exact_results
 
 
 def test_a_deadline_that_the_queue_ahead_would_break_is_refused_at_once() -> None:
+    clock = FakeClock()
     gate = threading.Event()
     gate.set()
-    backend = SleepBackend(base_ms=20, gate=gate)
+    backend = SleepBackend(base_ms=20, gate=gate, clock=clock)
 
     async def main() -> tuple[BaseException | None, float, list[Any]]:
-        batcher = Batcher([backend], BatcherConfig(max_batch=1, max_wait_ms=0, target_latency_ms=LONG))
+        config = BatcherConfig(max_batch=1, max_wait_ms=0, target_latency_ms=LONG)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
         for _ in range(3):  # learn that a call takes about 20 ms
             await batcher.submit(x(1))
         gate.clear()
         held = [asyncio.ensure_future(batcher.submit(x(1, 10 * i))) for i in range(4)]
-        await asyncio.sleep(0.05)  # one runs (held at the gate), three wait: ~80 ms ahead
-        t0 = time.monotonic()
+        await clock.advance(0.05)  # one runs (held at the gate), three wait: ~80 ms ahead
+        t0 = clock.now()
         # 50 ms would do alone, not behind the queue.
         refused = await raised(batcher.submit(x(1, 99), deadline_ms=50), Overloaded)
-        waited = time.monotonic() - t0
+        waited = clock.now() - t0
         patient = asyncio.ensure_future(batcher.submit(x(1, 7), deadline_ms=LONG))
         gate.set()
         results = await asyncio.gather(*held, patient)
@@ -272,18 +306,18 @@ def test_a_deadline_that_the_queue_ahead_would_break_is_refused_at_once() -> Non
 
 
 def test_full_queue_sheds_at_once_with_a_retry_hint_and_answers_the_rest() -> None:
+    clock = FakeClock()
     gate = threading.Event()
-    backend = SleepBackend(base_ms=1, gate=gate)
+    backend = SleepBackend(base_ms=1, gate=gate, clock=clock)
 
     async def main() -> tuple[list[Any], Overloaded | None]:
-        batcher = Batcher(
-            [backend], BatcherConfig(max_batch=8, max_wait_ms=0, target_latency_ms=LONG, max_queue=4)
-        )
+        config = BatcherConfig(max_batch=8, max_wait_ms=0, target_latency_ms=LONG, max_queue=4)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
         inflight = asyncio.ensure_future(batcher.submit(x(1)))
-        await asyncio.sleep(0.05)
+        await clock.advance(0.05)
         queued = [asyncio.ensure_future(batcher.submit(x(1, i))) for i in range(4)]
-        await asyncio.sleep(0.01)
+        await clock.advance(0.01)
         shed: Overloaded | None = None
         try:
             await batcher.submit(x(1, 99))
@@ -338,13 +372,15 @@ def test_every_accepted_request_is_answered_exactly_once_under_concurrent_load()
 
 
 def test_drain_answers_everything_accepted_and_refuses_new_requests() -> None:
-    backend = SleepBackend(base_ms=30)
+    clock = FakeClock()
+    backend = SleepBackend(base_ms=30, clock=clock)
 
     async def main() -> tuple[list[Any], Overloaded | None]:
-        batcher = Batcher([backend], BatcherConfig(max_batch=4, max_wait_ms=LONG, target_latency_ms=LONG))
+        config = BatcherConfig(max_batch=4, max_wait_ms=LONG, target_latency_ms=LONG)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
         pending = [asyncio.ensure_future(batcher.submit(x(1, i))) for i in range(10)]
-        await asyncio.sleep(0.01)
+        await settle()  # queued, the first batch running: time need not pass
         drain = asyncio.ensure_future(batcher.drain())
         await asyncio.sleep(0)
         refused: Overloaded | None = None
@@ -363,10 +399,12 @@ def test_drain_answers_everything_accepted_and_refuses_new_requests() -> None:
 
 
 def test_a_failing_batch_is_rerun_one_by_one_so_only_the_bad_request_fails() -> None:
-    backend = SleepBackend(base_ms=1, poison=-1.0)
+    clock = FakeClock()
+    backend = SleepBackend(base_ms=1, poison=-1.0, clock=clock)
 
     async def main() -> list[Any]:
-        batcher = Batcher([backend], BatcherConfig(max_batch=4, max_wait_ms=LONG, target_latency_ms=LONG))
+        config = BatcherConfig(max_batch=4, max_wait_ms=LONG, target_latency_ms=LONG)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
         feeds = [x(1, 1), x(1, 2), {"x": np.full((1, 4), -1.0, np.float32)}, x(1, 3)]
         results = await asyncio.gather(*(batcher.submit(f) for f in feeds), return_exceptions=True)
@@ -382,10 +420,12 @@ def test_a_failing_batch_is_rerun_one_by_one_so_only_the_bad_request_fails() -> 
 
 
 def test_a_batch_that_fails_only_as_a_batch_succeeds_request_by_request() -> None:
-    backend = SleepBackend(base_ms=1, fail_rows=2)
+    clock = FakeClock()
+    backend = SleepBackend(base_ms=1, fail_rows=2, clock=clock)
 
     async def main() -> list[Any]:
-        batcher = Batcher([backend], BatcherConfig(max_batch=2, max_wait_ms=LONG, target_latency_ms=LONG))
+        config = BatcherConfig(max_batch=2, max_wait_ms=LONG, target_latency_ms=LONG)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
         results = await asyncio.gather(*(batcher.submit(x(1, v)) for v in (4, 5)), return_exceptions=True)
         await batcher.drain()
@@ -400,10 +440,12 @@ def test_a_batch_that_fails_only_as_a_batch_succeeds_request_by_request() -> Non
 def test_target_latency_steers_but_never_rejects() -> None:
     """Triton's rule: no deadline unless the request (or --queue-timeout-ms) sets one. A
     target far below the model time still answers every request."""
-    backend = SleepBackend(base_ms=30)
+    clock = FakeClock()
+    backend = SleepBackend(base_ms=30, clock=clock)
 
     async def main() -> list[Any]:
-        batcher = Batcher([backend], BatcherConfig(max_batch=2, max_wait_ms=0, target_latency_ms=1))
+        config = BatcherConfig(max_batch=2, max_wait_ms=0, target_latency_ms=1)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
         results = await asyncio.gather(*(batcher.submit(x(1, v)) for v in range(6)), return_exceptions=True)
         await batcher.drain()
@@ -414,16 +456,19 @@ def test_target_latency_steers_but_never_rejects() -> None:
 
 
 def test_queue_timeout_gives_requests_without_their_own_a_deadline() -> None:
+    clock = FakeClock()
     gate = threading.Event()
-    backend = SleepBackend(base_ms=1, gate=gate)
+    backend = SleepBackend(base_ms=1, gate=gate, clock=clock)
 
     async def main() -> tuple[Any, Any]:
         config = BatcherConfig(max_batch=1, max_wait_ms=0, target_latency_ms=LONG, queue_timeout_ms=50)
-        batcher = Batcher([backend], config)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
         first = asyncio.ensure_future(batcher.submit(x(1)))  # holds the only instance
-        await asyncio.sleep(0.01)
-        second = await asyncio.gather(batcher.submit(x(1, 2)), return_exceptions=True)
+        await clock.advance(0.01)
+        waiting = asyncio.gather(batcher.submit(x(1, 2)), return_exceptions=True)
+        await clock.advance(0.06)  # past the queue timeout, the instance still busy
+        second = await waiting
         gate.set()
         done = await first
         await batcher.drain()
@@ -437,21 +482,22 @@ def test_queue_timeout_gives_requests_without_their_own_a_deadline() -> None:
 def test_a_full_batch_waits_on_the_busy_instance_not_in_the_queue() -> None:
     # With the only instance busy, a full batch is handed to its thread at once: it starts when
     # the running batch ends, without waiting for the event loop. A partial one stays queued.
+    clock = FakeClock()
     gate = threading.Event()
-    backend = SleepBackend(base_ms=1, gate=gate)
+    backend = SleepBackend(base_ms=1, gate=gate, clock=clock)
 
     async def main() -> tuple[list[Any], list[int]]:
         config = BatcherConfig(max_batch=2, max_wait_ms=0, target_latency_ms=LONG)
-        batcher = Batcher([backend], config)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
         running = [asyncio.ensure_future(batcher.submit(x(1, 0)))]
-        await asyncio.sleep(0.01)
+        await clock.advance(0.01)
         seen = [batcher.inflight_batches, batcher.queued_rows]
         full = [asyncio.ensure_future(batcher.submit(x(1, i))) for i in range(1, 3)]
-        await asyncio.sleep(0.01)
+        await clock.advance(0.01)
         seen += [batcher.inflight_batches, batcher.queued_rows]
         partial = asyncio.ensure_future(batcher.submit(x(1, 3)))
-        await asyncio.sleep(0.01)
+        await clock.advance(0.01)
         seen += [batcher.inflight_batches, batcher.queued_rows]
         gate.set()
         results = await asyncio.gather(*running, *full, partial)
@@ -466,19 +512,20 @@ def test_a_full_batch_waits_on_the_busy_instance_not_in_the_queue() -> None:
 
 
 def test_a_full_batch_with_deadlines_goes_on_standby_only_when_predicted_to_meet_them() -> None:
+    clock = FakeClock()
     gate = threading.Event()
     gate.set()
-    backend = SleepBackend(base_ms=10, gate=gate)
+    backend = SleepBackend(base_ms=10, gate=gate, clock=clock)
 
     async def main() -> tuple[list[int], BaseException | None, list[Any]]:
         config = BatcherConfig(max_batch=1, max_wait_ms=0, target_latency_ms=LONG)
-        batcher = Batcher([backend], config)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
         for _ in range(3):  # learn that a call takes about 10 ms
             await batcher.submit(x(1))
         gate.clear()
         running = asyncio.ensure_future(batcher.submit(x(1, 1)))
-        await asyncio.sleep(0.01)
+        await clock.advance(0.01)
         # Predicted to end ~20 ms from now, well within 10 s: handed to the busy instance.
         roomy = asyncio.ensure_future(batcher.submit(x(1, 2), deadline_ms=10_000))
         await asyncio.sleep(0)  # roomy is submitted, predicted to start when the running one ends
@@ -498,10 +545,12 @@ def test_a_full_batch_with_deadlines_goes_on_standby_only_when_predicted_to_meet
 
 
 def test_model_with_fixed_batch_runs_one_request_per_call() -> None:
-    backend = SleepBackend(base_ms=1, batchable=False)
+    clock = FakeClock()
+    backend = SleepBackend(base_ms=1, batchable=False, clock=clock)
 
     async def main() -> list[Any]:
-        batcher = Batcher([backend], BatcherConfig(max_batch=8, max_wait_ms=20, target_latency_ms=LONG))
+        config = BatcherConfig(max_batch=8, max_wait_ms=20, target_latency_ms=LONG)
+        batcher = Batcher([backend], config, clock=clock)
         assert not batcher.signature.batchable and batcher.max_rows == 1
         await batcher.start()
         results = await asyncio.gather(*(batcher.submit(x(1, i)) for i in range(3)))
@@ -534,9 +583,11 @@ def test_token_sequences_are_padded_to_a_bucket_with_the_mask_and_cut_back(tmp_p
     backend = open_backend("onnxruntime", path, {"intra_op_num_threads": 1})
     calls: list[tuple[int, ...]] = []
     original = backend.run
+    clock = FakeClock()
 
     def spy(feeds: Any) -> dict[str, np.ndarray]:
         calls.append(tuple(feeds["input_ids"].shape))
+        clock.pass_time(MODEL_S)
         return original(feeds)
 
     backend.run = spy  # type: ignore[method-assign]
@@ -547,10 +598,13 @@ def test_token_sequences_are_padded_to_a_bucket_with_the_mask_and_cut_back(tmp_p
         requests.append({"input_ids": ids, "attention_mask": np.ones_like(ids)})
 
     async def main() -> list[Any]:
-        batcher = Batcher([backend], BatcherConfig(max_batch=8, max_wait_ms=200, target_latency_ms=LONG))
+        config = BatcherConfig(max_batch=8, max_wait_ms=200, target_latency_ms=LONG)
+        batcher = Batcher([backend], config, clock=clock)
         assert batcher.signature.seq_inputs == ("input_ids", "attention_mask")
         await batcher.start()
-        results = await asyncio.gather(*(batcher.submit(r) for r in requests))
+        submitted = asyncio.gather(*(batcher.submit(r) for r in requests))
+        await clock.advance(0.2)  # the max wait
+        results = await submitted
         await batcher.drain()
         return results
 
@@ -581,13 +635,23 @@ def test_different_shapes_without_a_mask_batch_only_with_equals(tmp_path: Path) 
     backend = open_backend("onnxruntime", tmp_path / "relu.onnx", {"intra_op_num_threads": 1})
     shapes: list[tuple[int, ...]] = []
     original = backend.run
-    backend.run = lambda feeds: (shapes.append(feeds["x"].shape), original(feeds))[1]  # type: ignore[method-assign]
+    clock = FakeClock()
+
+    def spy(feeds: Any) -> dict[str, np.ndarray]:
+        shapes.append(feeds["x"].shape)
+        clock.pass_time(MODEL_S)
+        return original(feeds)
+
+    backend.run = spy  # type: ignore[method-assign]
 
     async def main() -> list[Any]:
-        batcher = Batcher([backend], BatcherConfig(max_batch=8, max_wait_ms=100, target_latency_ms=LONG))
+        config = BatcherConfig(max_batch=8, max_wait_ms=100, target_latency_ms=LONG)
+        batcher = Batcher([backend], config, clock=clock)
         await batcher.start()
         feeds = [{"x": np.full((1, n), -1.0 + n, np.float32)} for n in (3, 5, 3, 5)]
-        results = await asyncio.gather(*(batcher.submit(f) for f in feeds))
+        submitted = asyncio.gather(*(batcher.submit(f) for f in feeds))
+        await clock.advance(0.1)  # the max wait
+        results = await submitted
         await batcher.drain()
         return results
 
