@@ -35,11 +35,7 @@ import numpy as np
 
 from optimize.backend import Backend, TensorSpec
 from optimize.errors import InputError, UsageError, message_line
-<<<<<<< HEAD
-=======
-from optimize.runtimes.base import Backend, TensorSpec
 from optimize.serve.clock import Clock, MonotonicClock, Timer
->>>>>>> wt-batcher
 
 
 class ServeError(Exception):
