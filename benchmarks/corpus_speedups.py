@@ -162,15 +162,15 @@ def run_optimize(
 
 def judge_outside(entry: Entry, model: Path, art: Path, fresh: list[Feed], run: Run) -> None:
     """The entry's task metric: the artifact's outputs against the original's on the fresh rows."""
-    from optimize.runtime_model import resolve_model
-    from optimize.runtimes.backends import open_backend
+    from optimize.artifact import resolve_model
+    from optimize.runtimes.backends import open_backend, open_model
 
     base = open_backend("onnxruntime", model, {})
     try:
         reference = [base.run(s) for s in fresh]
     finally:
         base.close()
-    best = resolve_model(art).open()
+    best = open_model(resolve_model(art))
     try:
         candidate = [best.run(s) for s in fresh]
     finally:

@@ -111,9 +111,9 @@ def _settings(max_time_s: float) -> Any:
 
 def measure(entry: Entry, model: Path, arts: dict[str, Path], bench: Feed, fresh: list[Feed], row: Row,
             max_time_s: float) -> None:  # fmt: skip
+    from optimize.artifact import resolve_model
     from optimize.bench import compare
-    from optimize.runtime_model import resolve_model
-    from optimize.runtimes.backends import open_backend
+    from optimize.runtimes.backends import open_backend, open_model
 
     settings = _settings(max_time_s)
     base = open_backend("onnxruntime", model, {})
@@ -121,7 +121,7 @@ def measure(entry: Entry, model: Path, arts: dict[str, Path], bench: Feed, fresh
         reference = [base.run(s) for s in fresh]
         for runtime, art in arts.items():
             result = row.results[runtime]
-            backend = resolve_model(art).open()
+            backend = open_model(resolve_model(art))
             try:
                 comparison = compare(base, backend, bench, bench, settings, labels=("ort-default", runtime))
                 candidate = [backend.run(s) for s in fresh]
@@ -138,8 +138,8 @@ def measure(entry: Entry, model: Path, arts: dict[str, Path], bench: Feed, fresh
     if "auto" not in arts or not singles:
         return
     row.better = max(singles, key=lambda r: row.results[r].speedup or 0.0)
-    better = resolve_model(arts[row.better]).open()
-    choice = resolve_model(arts["auto"]).open()
+    better = open_model(resolve_model(arts[row.better]))
+    choice = open_model(resolve_model(arts["auto"]))
     try:
         comparison = compare(better, choice, bench, bench, settings, labels=(row.better, "auto"))
     finally:

@@ -19,8 +19,8 @@ from corpus.entries import ENTRIES, get
 
 
 def check(name: str, artifact: Path, rows: Path) -> tuple[bool, str]:
-    from optimize.runtime_model import resolve_model
-    from optimize.runtimes.backends import open_backend
+    from optimize.artifact import resolve_model
+    from optimize.runtimes.backends import open_backend, open_model
 
     entry = get(name)
     samples = read_calib_npz(rows)
@@ -30,7 +30,7 @@ def check(name: str, artifact: Path, rows: Path) -> tuple[bool, str]:
     finally:
         base.close()
     model = resolve_model(artifact)
-    backend = model.open()
+    backend = open_model(model)
     try:
         candidate = [backend.run(s) for s in samples]
     finally:

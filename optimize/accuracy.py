@@ -2,7 +2,7 @@
 
 Every candidate runs on the same accuracy samples as the baseline: the user's real rows
 (--eval-data; else the part of --calib-data or --data held out from calibration; else --input-data),
-generated inputs only when the user gave none (optimize/pipeline/rows.py); never a row that also
+generated inputs only when the user gave none (optimize/rows.py); never a row that also
 calibrated. Whether those rows can tell at all is optimize/evidence.py's question.
 For each output the worst case over all samples is reported and judged:
 

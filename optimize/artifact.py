@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from optimize.env import VNNI_FLAGS, has_vnni, nchwc_block_width
-from optimize.errors import ModelError
+from optimize.errors import ModelError, UsageError
 from optimize.files import atomic_directory, sha256_file, write_json_atomic, write_markdown_atomic
-from optimize.onnx_file import NCHWC_DOMAIN, QUANT_OPS, external_data_paths, iter_nodes
+from optimize.onnx_file import NCHWC_DOMAIN, QUANT_OPS, external_data_paths, iter_nodes, load_model
 from optimize.runtime_model import RuntimeModel
 
 MANIFEST = "manifest.json"
@@ -392,10 +392,34 @@ def load_artifact(directory: str | Path, cpu_flags: Iterable[str] | None = None)
     )
 
 
+def resolve_model(path: str | Path, backend: str | None = None, label: str | None = None) -> RuntimeModel:
+    """A folder is an artifact (verified: file hashes, CPU compatibility); a file is run on
+    `backend`, ONNX Runtime by default, after a check that fails early and clearly."""
+    source = Path(path)
+    if source.is_dir():
+        loaded = load_artifact(source)
+        if backend is not None and backend != loaded.backend:
+            raise UsageError(f"{source} is a {loaded.backend} artifact; --runtime {backend} does not apply")
+        if label is not None:
+            loaded.label = label
+        return loaded
+    if not source.exists():
+        raise UsageError(f"model not found: {source}", "check the path")
+    kind = backend or "onnxruntime"
+    if source.suffix.lower() == ".onnx" or kind.startswith("onnxruntime"):
+        load_model(source, load_external_data=False)
+    elif backend is None:
+        raise UsageError(
+            f"{source.name} is not an .onnx file", "name its runtime with --runtime (e.g. tensorrt, tvm)"
+        )
+    return RuntimeModel(label=label or source.stem, backend=kind, model_path=source)
+
+
 __all__ = [
     "check_cpu",
     "cpu_requirements",
     "load_artifact",
     "read_manifest",
+    "resolve_model",
     "write_artifact",
 ]

@@ -13,6 +13,7 @@ import numpy as np
 
 from optimize.backend import TensorSpec, check_feeds
 from optimize.errors import InputError, UsageError
+from optimize.shapes import opt_shapes, parse_shape_ranges
 
 _SHAPE_ARG = re.compile(r"^\s*([^=\s]+)\s*=\s*([0-9xX,\s]+)\s*$")
 
@@ -48,8 +49,6 @@ def split_shape_args(args: list[str] | None) -> tuple[dict[str, tuple[int, ...]]
     ranges = [arg for arg in args or [] if ":" in arg]
     pins = parse_shape_args([arg for arg in args or [] if ":" not in arg])
     if ranges:
-        from optimize.runtimes.tensorrt.engine import opt_shapes, parse_shape_ranges
-
         for name, opt in opt_shapes(parse_shape_ranges(ranges)).items():
             if name in pins:
                 raise UsageError(f"--shape given twice for {name!r}")

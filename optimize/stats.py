@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -163,3 +164,23 @@ def percentile_ci(samples: Sequence[float], percentile: str) -> tuple[float, flo
     data = np.asarray(samples, dtype=np.float64)
     lo, hi = bootstrap_ci(data, stat=lambda x, axis=None: np.percentile(x, q, axis=axis), n=1000)
     return float(np.percentile(data, q)), lo, hi
+
+
+def runs_for_percentile(q: float) -> int:
+    """Fewest runs whose 95% interval of the q-th percentile (q in percent) ends inside the data.
+
+    The distribution-free interval of a quantile is bounded by order statistics; its upper end
+    exists within n runs only when 1 - (q/100)^n >= 0.975. Below that, the sample's largest
+    runs lie inside the percentile's interval: the figure is a bound, not an estimate. p90 needs
+    36 runs, p99 368, p99.9 3,688.
+    """
+    return math.ceil(math.log(0.025) / math.log(q / 100.0))
+
+
+TAIL_PERCENTILES = {"p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+
+
+def tail_flags(runs: int) -> dict[str, int]:
+    """{percentile key: runs it needs} for every reported tail that `runs` runs cannot estimate."""
+    needed = {key: runs_for_percentile(q) for key, q in TAIL_PERCENTILES.items()}
+    return {key: n for key, n in needed.items() if runs < n}

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from optimize.datasets import parse_preprocess, read_data
 from optimize.errors import InputError, UsageError
 from optimize.inputs import batch_axes, model_input_specs, resolve_inputs
-from optimize.pipeline.rows import RealRows
+from optimize.rows import RealRows
 from tests.cli_helpers import assert_clean_error, run_lto
 
 PIL = pytest.importorskip("PIL", reason="--data of images needs Pillow: pip install lto-onnx[data]")

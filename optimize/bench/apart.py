@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from optimize.backend import Backend
-from optimize.bench.engine import BenchSettings, Comparison, Measurement, _batch_of, _time_runs
+from optimize.bench.engine import BenchSettings, Comparison, Measurement, _batch_of, _time_runs, compare_here
 from optimize.env import CpuLoadMonitor
 from optimize.runtimes.worker import SubprocessBackend
 from optimize.stats import full_chunks, interleaved_ratio_ci
@@ -307,4 +307,25 @@ def _halfwidth(run: ApartRun, i: int, j: int) -> float:
     return (hi - lo) / 2.0 / ratio
 
 
-__all__ = ["ApartRun", "compare_apart", "process_cpu_s", "wait_until_idle", "worker_of"]
+def compare(
+    a: Backend,
+    b: Backend,
+    feeds_a: Mapping[str, np.ndarray],
+    feeds_b: Mapping[str, np.ndarray] | None = None,
+    settings: BenchSettings | None = None,
+    labels: tuple[str, str] = ("A", "B"),
+    metric: str = "p50",
+    progress: Callable[[int, float], None] | None = None,
+) -> Comparison:
+    """A against B. When both sides are hosted in worker processes, each runs in its own and the
+    parent runs nothing: the figure a user running one of them per process sees. Otherwise both
+    run in this process, interleaved (engine.compare_here)."""
+    settings = settings or BenchSettings()
+    feeds_b = feeds_a if feeds_b is None else feeds_b
+    if worker_of(a) is not None and worker_of(b) is not None:
+        apart = compare_apart([a, b], [feeds_a, feeds_b], settings, labels, metric, progress)
+        return apart.comparison(0, 1)
+    return compare_here(a, b, feeds_a, feeds_b, settings, labels, metric, progress)
+
+
+__all__ = ["ApartRun", "compare", "compare_apart", "process_cpu_s", "wait_until_idle", "worker_of"]

@@ -10,12 +10,15 @@ from typing import Any
 
 import numpy as np
 
+from optimize.artifact import resolve_model
 from optimize.backend import Backend
-from optimize.bench.engine import BenchSettings, Comparison, Measurement, compare, measure
+from optimize.bench.apart import compare
+from optimize.bench.engine import BenchSettings, Comparison, Measurement, measure
 from optimize.errors import InputError, UsageError
 from optimize.inputs import InputSpec, check_memory, feeds_from_spec, resolve_inputs
 from optimize.report import new_report
-from optimize.runtime_model import RuntimeModel, resolve_model
+from optimize.runtime_model import RuntimeModel
+from optimize.runtimes.backends import open_model, open_model_in_worker
 
 Progress = Callable[[str, int, float], None]
 
@@ -55,7 +58,7 @@ def parse_batches(text: str | None) -> list[int]:
 
 @contextmanager
 def opened(target: RuntimeModel, overrides: dict[str, Any], in_worker: bool = False) -> Iterator[Backend]:
-    backend = target.open_in_worker(overrides) if in_worker else target.open(overrides)
+    backend = open_model_in_worker(target, overrides) if in_worker else open_model(target, overrides)
     try:
         yield backend
     finally:

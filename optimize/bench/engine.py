@@ -17,7 +17,7 @@ import numpy as np
 
 from optimize.backend import Backend
 from optimize.env import CpuLoadMonitor
-from optimize.stats import bootstrap_ratio_ci, full_chunks, interleaved_ratio_ci, summarize
+from optimize.stats import bootstrap_ratio_ci, full_chunks, interleaved_ratio_ci, summarize, tail_flags
 
 # A measurement is called unstable above these.
 UNSTABLE_CV = 0.25
@@ -54,26 +54,6 @@ class BenchSettings:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-def runs_for_percentile(q: float) -> int:
-    """Fewest runs whose 95% interval of the q-th percentile (q in percent) ends inside the data.
-
-    The distribution-free interval of a quantile is bounded by order statistics; its upper end
-    exists within n runs only when 1 - (q/100)^n >= 0.975. Below that, the sample's largest
-    runs lie inside the percentile's interval: the figure is a bound, not an estimate. p90 needs
-    36 runs, p99 368, p99.9 3,688.
-    """
-    return math.ceil(math.log(0.025) / math.log(q / 100.0))
-
-
-TAIL_PERCENTILES = {"p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
-
-
-def tail_flags(runs: int) -> dict[str, int]:
-    """{percentile key: runs it needs} for every reported tail that `runs` runs cannot estimate."""
-    needed = {key: runs_for_percentile(q) for key, q in TAIL_PERCENTILES.items()}
-    return {key: n for key, n in needed.items() if runs < n}
 
 
 @dataclass
@@ -256,7 +236,7 @@ class Comparison:
         }
 
 
-def compare(
+def compare_here(
     a: Backend,
     b: Backend,
     feeds_a: Mapping[str, np.ndarray],
@@ -266,20 +246,10 @@ def compare(
     metric: str = "p50",
     progress: Callable[[int, float], None] | None = None,
 ) -> Comparison:
-    """Run A and B interleaved in short chunks (A B B A A B ...) so drift hits both alike.
-
-    When both sides are hosted in worker processes, each runs in its own and the parent runs
-    nothing (optimize.bench.apart): the figure a user running one of them per process sees.
-    Otherwise both run here, in this process. Stops when the ratio's CI is within
-    `target_ci_rel`, or at the run/time budget.
-    """
+    """Run A and B in this process, interleaved in short chunks (A B B A A B ...) so drift hits
+    both alike. Stops when the ratio's CI is within `target_ci_rel`, or at the run/time budget.
+    optimize.bench.apart.compare chooses this or a comparison of two worker processes."""
     settings = settings or BenchSettings()
-    from optimize.bench.apart import compare_apart, worker_of
-
-    if worker_of(a) is not None and worker_of(b) is not None:
-        feeds_b = feeds_a if feeds_b is None else feeds_b
-        apart = compare_apart([a, b], [feeds_a, feeds_b], settings, labels, metric, progress)
-        return apart.comparison(0, 1)
     feeds_b = feeds_a if feeds_b is None else feeds_b
     a.check_feeds(feeds_a)
     b.check_feeds(feeds_b)

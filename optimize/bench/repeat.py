@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from optimize.bench.engine import UNSTABLE_CV, UNSTABLE_FOREIGN_LOAD, tail_flags
+from optimize.bench.engine import UNSTABLE_CV, UNSTABLE_FOREIGN_LOAD
 from optimize.errors import InputError, LtoError, ModelError, UsageError, first_line
-from optimize.stats import summarize
+from optimize.stats import summarize, tail_flags
 
 if TYPE_CHECKING:
     from optimize.bench.command import BenchRequest

@@ -473,7 +473,7 @@ def _reports_refusal(baseline: Side, candidate: Side, settings: GateSettings) ->
         )
     if settings.metric in ("p90", "p99"):
         # Each repetition's own tail is the figure compared: it needs the runs to estimate it.
-        from optimize.bench.engine import runs_for_percentile
+        from optimize.stats import runs_for_percentile
 
         needed = runs_for_percentile(float(settings.metric[1:]))
         fewest = min(min(p.size for p in s.repetitions or [s.samples_ms]) for s in (baseline, candidate))

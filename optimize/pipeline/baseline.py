@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from optimize import rows
 from optimize.accuracy import FEW_SAMPLES, UserMetric, check, choose_metrics
 from optimize.backend import Backend, TensorSpec
 from optimize.datasets import read_data
@@ -29,7 +30,6 @@ from optimize.inputs import (
     resolve_inputs,
 )
 from optimize.onnx_file import file_has_external_data
-from optimize.pipeline import rows
 from optimize.pipeline.record import RunRecord
 from optimize.recipes import Recipe, StageSpec
 from optimize.runtimes.registry import quantize_stages

@@ -80,7 +80,7 @@ def tail_marks(m: Mapping[str, Any]) -> dict[str, int]:
     """{percentile key: runs it needs} for the tails a measurement has too few runs to estimate."""
     marks = m.get("too_few_runs_for")
     if marks is None:  # a report written before lto recorded it
-        from optimize.bench.engine import tail_flags
+        from optimize.stats import tail_flags
 
         marks = tail_flags(int(m.get("runs") or 0))
     return dict(marks)

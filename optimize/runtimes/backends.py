@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from optimize.backend import Backend
+from optimize.runtime_model import RuntimeModel
 from optimize.runtimes.registry import backend_info
 from optimize.runtimes.spec import resolve
+from optimize.runtimes.worker import open_in_worker
 
 
 def backend_class(kind: str) -> type[Backend]:
@@ -26,4 +28,14 @@ def open_backend(kind: str, model_path: str | Path, config: Mapping[str, Any] | 
     return backend_class(kind)(model_path, config)
 
 
-__all__ = ["backend_class", "open_backend"]
+def open_model(model: RuntimeModel, overrides: Mapping[str, Any] | None = None) -> Backend:
+    """Load `model` into its runtime; `overrides` win over its stored runtime configuration."""
+    return open_backend(model.backend, model.model_path, {**model.runtime_config, **(overrides or {})})
+
+
+def open_model_in_worker(model: RuntimeModel, overrides: Mapping[str, Any] | None = None) -> Backend:
+    """`model` in a worker process of its own, for timing one runtime per process."""
+    return open_in_worker(model.backend, model.model_path, {**model.runtime_config, **(overrides or {})})
+
+
+__all__ = ["backend_class", "open_backend", "open_model", "open_model_in_worker"]

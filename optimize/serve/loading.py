@@ -7,9 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+from optimize.artifact import resolve_model
 from optimize.backend import Backend
 from optimize.errors import InputError, UsageError
-from optimize.runtime_model import RuntimeModel, resolve_model
+from optimize.runtime_model import RuntimeModel
 from optimize.runtimes.registry import backend_info, backend_infos
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from optimize.artifact import resolve_model
 from optimize.backend import Backend
-from optimize.runtime_model import resolve_model
 from optimize.runtimes.backends import open_backend
 from optimize.serve.batcher import Batcher, BatcherConfig
 from optimize.serve.loading import input_limits

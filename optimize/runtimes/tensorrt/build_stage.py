@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from optimize.errors import LtoError, UsageError
 from optimize.gpu import GpuStatus
+from optimize.shapes import parse_shape_ranges
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 
 PRECISIONS = ("fp32", "fp16")
@@ -110,7 +111,6 @@ class TensorrtBuildStage(Stage):
             EngineBuildError,
             build_engine,
             import_runtime,
-            parse_shape_ranges,
             profile_for_inputs,
             timing_cache_file,
         )

@@ -13,6 +13,7 @@ from optimize.errors import ModelError, UsageError
 from optimize.pipeline import OptimizeRequest, optimize
 from optimize.pipeline.request import apply_overrides, stage_disabled_reason
 from optimize.recipes import load_recipe
+from optimize.runtimes.backends import open_backend, open_model
 from tests.cli_helpers import assert_clean_error, run_lto
 from tests.pipeline.test_pipeline import FakeBench, write_recipe
 from tests.runtimes.openvino.helpers import SAMPLES, make_mlp
@@ -96,9 +97,8 @@ def test_openvino_artifact_round_trip(tmp_path: Path) -> None:
     assert record["backend"] == "openvino" and record["details"]["precision_hint"] == "f32"
     loaded = load_artifact(out)
     x = {"x": np.random.default_rng(5).standard_normal((1, 128)).astype(np.float32)}
-    with loaded.open() as ov:
+    with open_model(loaded) as ov:
         assert ov.inputs[0].shape == ("batch", 128)
-        from optimize.runtimes.backends import open_backend
 
         with open_backend("onnxruntime", tmp_path / "mlp.onnx") as ort:
             ov_out = ov.run(x)["r3"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from optimize.accuracy import AccuracyResult
-from optimize.runtimes.backends import open_backend
+from optimize.runtimes.backends import open_backend, open_model
 from optimize.runtimes.stages import load_stage
 from optimize.stage import Candidate, StageSkipped
 from tests.runtimes.openvino.helpers import SAMPLES, context, make_mlp
@@ -38,7 +38,7 @@ def test_convert_proposes_f32_and_bf16_where_the_cpu_has_it(tmp_path: Path) -> N
         assert cands[0].precision == "bf16"
         assert cands[0].details["cpu_isa_any"][0]["any_of"] == ["avx512_bf16", "amx_bf16"]
     # The IR runs and gives the ONNX model's outputs, under the ONNX names.
-    with open_backend("onnxruntime", model) as ort, f32.open() as ov:
+    with open_backend("onnxruntime", model) as ort, open_model(f32) as ov:
         ref, got = ort.run(_x(rows=3)), ov.run(_x(rows=3))
     assert list(got) == ["r3"]
     np.testing.assert_allclose(got["r3"], ref["r3"], rtol=1e-5, atol=1e-5)
@@ -82,7 +82,7 @@ def test_int8_passes_the_gate_first_time(tmp_path: Path) -> None:
     assert int8.details["calibration"] == {"source": "list", "samples": 8}
     assert int8.details["model_type"] == "default" and int8.details["preset"] == "performance"
     assert [c.precision for c in cands] == (["int8", "int8+bf16"] if has_bf16() else ["int8"])
-    with open_backend("onnxruntime", model) as ort, int8.open() as ov:
+    with open_backend("onnxruntime", model) as ort, open_model(int8) as ov:
         ref, got = ort.run(_x(seed=99)), ov.run(_x(seed=99))
     cos = float(
         np.dot(ref["r3"].ravel(), got["r3"].ravel()) / np.linalg.norm(ref["r3"]) / np.linalg.norm(got["r3"])
@@ -225,7 +225,7 @@ def test_fused_subgraphs_go_off_when_that_makes_a_candidate_accurate(tmp_path: P
     assert "broken by fused subgraphs" in cands[0].details["snippets"]
     assert all(c.runtime_config["SNIPPETS_MODE"] == "DISABLE" for c in cands)
     assert labels == ["openvino-quantize:int8", "openvino-quantize:int8-nosnippets"]  # no back-off
-    with cands[0].open() as ov:  # the setting reaches the compiled model
+    with open_model(cands[0]) as ov:  # the setting reaches the compiled model
         assert ov.describe()["config"]["SNIPPETS_MODE"] == "DISABLE"
     converted = load_stage("openvino-convert").run(
         Candidate("baseline", model), context(tmp_path, model, _x(), check=gate)

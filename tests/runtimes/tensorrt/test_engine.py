@@ -12,7 +12,8 @@ import pytest
 
 from optimize.errors import InputError
 from optimize.gpu import GpuDevice
-from optimize.runtimes.tensorrt.engine import check_manifest, parse_shape_ranges
+from optimize.runtimes.tensorrt.engine import check_manifest
+from optimize.shapes import parse_shape_ranges
 from tests.runtimes.tensorrt.helpers import (
     FAKE_GPU,
     manifest,
