@@ -6,14 +6,12 @@ far more than the CI of any single process says. A report meant as a gate's base
 carries several process-level repetitions, and the gate compares the distribution of their
 per-repetition figures (as benchstat does), not the pooled runs.
 
-Each repetition is a spawned child (never forked: the parent may hold ONNX Runtime thread
-pools) that runs `run_bench` and sends its report back over a pipe, with progress ticks.
+Each repetition is a child process (optimize.child: a fresh interpreter, never a fork) that runs
+`run_bench` and sends its report back, with progress ticks; its errors come back as lto's own.
 """
 
 from __future__ import annotations
 
-import contextlib
-import signal
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -22,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from optimize.bench.engine import UNSTABLE_CV, UNSTABLE_FOREIGN_LOAD, tail_flags
-from optimize.errors import InputError, LtoError, ModelError, UsageError, first_line
+from optimize.child import PROGRESS, ParentLink, start_child
+from optimize.errors import LtoError
 from optimize.stats import summarize
 
 if TYPE_CHECKING:
@@ -40,72 +39,30 @@ UNSTABLE_REPETITION_SPREAD = UNSTABLE_CV
 # /proc/stat counts in 10 ms ticks: a repetition shorter than this says little about the load.
 MIN_LOAD_WINDOW_S = 0.2
 
-_ERRORS: dict[str, type[LtoError]] = {
-    "UsageError": UsageError,
-    "InputError": InputError,
-    "ModelError": ModelError,
-}
+# How long a repetition's process that has sent its report has to exit before it is ended.
+_EXIT_WAIT_S = 2.0
 
 
-def _child(request: BenchRequest, conn: Any) -> None:
-    # The parent owns Ctrl-C: it ends this process when interrupted.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _repetition(link: ParentLink, request: BenchRequest) -> dict[str, Any]:
+    """The child: one measurement, with progress ticks."""
     from optimize.bench.command import run_bench
 
     def tick(label: str, runs: int, elapsed: float) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            conn.send(("tick", (label, runs, elapsed)))
+        link.progress((label, runs, elapsed))
 
-    try:
-        conn.send(("result", run_bench(request, tick)))
-    except LtoError as exc:
-        conn.send(("error", (type(exc).__name__, exc.message, exc.hint)))
-    except BaseException as exc:  # crosses as text: the parent raises it as an LtoError
-        conn.send(("error", ("LtoError", first_line(exc), None)))
-    finally:
-        conn.close()
+    return run_bench(request, tick)
 
 
 def _one_repetition(request: BenchRequest, on_tick: Progress | None) -> dict[str, Any]:
-    import multiprocessing
+    def said(kind: str, value: Any) -> None:
+        if kind == PROGRESS and on_tick is not None:
+            on_tick(*value)
 
-    mp = multiprocessing.get_context("spawn")
-    receiver, sender = mp.Pipe(duplex=False)
-    process = mp.Process(target=_child, args=(request, sender), name="lto-bench-repetition")
-    process.start()
-    sender.close()
-    try:
-        while True:
-            if not receiver.poll(0.2):
-                if process.is_alive() or receiver.poll(0):
-                    continue
-                raise LtoError(
-                    f"a repetition's process ended without a result (exit code {process.exitcode})"
-                )
-            try:
-                kind, value = receiver.recv()
-            except EOFError:
-                process.join(1.0)
-                raise LtoError(
-                    f"a repetition's process ended without a result (exit code {process.exitcode})"
-                ) from None
-            if kind == "tick":
-                if on_tick is not None:
-                    on_tick(*value)
-            elif kind == "result":
-                return dict(value)
-            else:
-                name, message, hint = value
-                raise _ERRORS.get(name, LtoError)(message, hint)
-    except BaseException:
-        process.terminate()  # interrupted or failed: no reason to let it finish its --time
-        raise
-    finally:
-        process.join(2.0)
-        if process.is_alive():
-            process.kill()
-            process.join(2.0)
-        receiver.close()
+    # Leaving the block ends the child: interrupted or failed, it has no reason to finish its --time.
+    with start_child(_repetition, request, what="a repetition's process") as child:
+        report = child.result(said)
+        child.wait(_EXIT_WAIT_S)
+    return dict(report)
 
 
 def run_repeated(request: BenchRequest, progress: Progress | None = None) -> dict[str, Any]:
