@@ -52,3 +52,31 @@ def test_subprocess_backend_reports_load_errors_and_death(tmp_path: Path) -> Non
             hosted.run(FEEDS)
     finally:
         hosted.close()
+
+
+def test_an_interrupted_request_ends_the_worker_at_once(tmp_path: Path) -> None:
+    """Ctrl-C reaches lto's whole group: the worker ignores it, and lto, interrupted while the
+    worker is busy, ends it rather than waiting for it to finish and read "close"."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from optimize.runtimes.worker import SubprocessBackend
+
+    hosted = SubprocessBackend(mlp_model(tmp_path / "m.onnx"), {}, hosted_kind="onnxruntime")
+
+    def ctrl_c() -> None:
+        time.sleep(0.5)
+        os.kill(hosted.pid, signal.SIGINT)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+
+    try:
+        threading.Thread(target=ctrl_c, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            hosted.call_in_child("tests.child_targets:sleep_in_worker", 60.0)
+        assert hosted._proc.poll() is None  # still busy: SIGINT is lto's to act on
+    finally:
+        started = time.monotonic()
+        hosted.close()
+    assert time.monotonic() - started < 3.0 and hosted._proc.returncode == -signal.SIGTERM
