@@ -129,20 +129,10 @@ class ErrorRecord(NamedTuple):
         return error
 
 
-def exit_description(returncode: int | None) -> str:
-    """How a process ended, from Popen's returncode: "exit code 3" or "signal 9"."""
-    if returncode is None:
-        return "still running"
-    if returncode < 0:
-        return f"signal {-returncode}"
-    return f"exit code {returncode}"
-
-
-def signal_name(number: int) -> str:
-    """SIGKILL for 9; numbers this platform has no name for stay numbers."""
+def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
-    except ValueError:
+    except ValueError:  # a number this platform has no name for
         return f"signal {number}"
 
 
@@ -181,13 +171,6 @@ class Child:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    def send(self, message: Any) -> None:
-        """A request to a long-lived child; a child that is gone raises `died()`."""
-        try:
-            self.connection.send(message)
-        except OSError:  # broken pipe, connection reset: it is gone
-            raise self.died() from None
 
     def receive(self, timeout_s: float | None = None) -> Message | None:
         """The next message, checking every POLL_S that the child lives; None when `timeout_s`
@@ -233,11 +216,14 @@ class Child:
             code = self.process.wait(timeout=5.0)  # its channel closed: it is about to exit
         except subprocess.TimeoutExpired:
             code = None
-        how = exit_description(code)
-        verb = "ended" if code == 0 else "died"
-        text = f"{self.what} {verb} ({how})"
-        if code is not None and code < 0:
-            text += f", killed by {signal_name(-code)}"
+        if code is None:
+            text = f"{self.what} closed its channel but did not exit"
+        elif code < 0:
+            text = f"{self.what} died (signal {-code}), killed by {_signal_name(-code)}"
+        elif code == 0:
+            text = f"{self.what} ended (exit code 0) without answering"
+        else:
+            text = f"{self.what} died (exit code {code})"
         tail = self.stderr_tail()
         return self.failure(text + (f": {tail}" if tail else ""))
 
@@ -343,6 +329,10 @@ def start_child(
     try:
         child.connection.send(list(sys.path))
         child.connection.send((target, args))
+    except OSError:  # it died before it read them
+        error = child.died()
+        child.close()
+        raise error from None
     except BaseException:  # arguments that do not pickle, or an interrupt
         child.close()
         raise
@@ -417,7 +407,5 @@ __all__ = [
     "ChildFailed",
     "ErrorRecord",
     "ParentLink",
-    "exit_description",
-    "signal_name",
     "start_child",
 ]

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from optimize import errors
-from optimize.child import ChildFailed, ErrorRecord, exit_description, start_child
+from optimize.child import ChildFailed, ErrorRecord, start_child
 from optimize.errors import InputError, LtoError
 from tests import child_targets as targets
 
@@ -129,7 +129,6 @@ def test_a_child_killed_by_a_signal_is_reported_with_the_signals_name() -> None:
 def test_a_child_that_exits_is_reported_with_its_exit_code_and_last_stderr_line() -> None:
     with pytest.raises(ChildFailed, match=r"^the test child died \(exit code 3\): the last words$"):
         _result(targets.exit_with_last_words, 3, capture_output=True, stderr_noise=("Scope Loaded",))
-    assert exit_description(None) == "still running"
 
 
 def test_a_death_is_noticed_while_a_grandchild_holds_the_channel_open() -> None:
