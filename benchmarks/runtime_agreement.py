@@ -135,8 +135,7 @@ def _alone_child(spec_json: str) -> None:
 
 def measure_pair(row: Row, model: Path, feed: Feed, calib: list[Feed], args: argparse.Namespace) -> None:
     from optimize.bench import BenchSettings, compare
-    from optimize.runtimes.backends import open_backend
-    from optimize.runtimes.worker import open_in_worker
+    from optimize.runtimes.backends import open_backend, open_in_worker
 
     with tempfile.TemporaryDirectory(prefix="lto-agree-") as tmp:
         work = Path(tmp)

@@ -103,9 +103,9 @@ def bench_one(name: str, args: argparse.Namespace, console: Any) -> dict[str, An
 def _bench_one(name: str, args: argparse.Namespace, console: Any, work: Path) -> dict[str, Any]:
     from optimize.bench import BenchSettings, measure_where_it_runs
     from optimize.inputs import resolve_inputs
+    from optimize.runtimes.backends import open_in_worker
     from optimize.runtimes.tvm.backend import TvmBackend
     from optimize.runtimes.tvm.tune_stage import TvmTuneStage
-    from optimize.runtimes.worker import SubprocessBackend
     from optimize.stage import StageSkipped
 
     model = ROOT / "sample_models" / f"{name}.onnx"
@@ -121,7 +121,7 @@ def _bench_one(name: str, args: argparse.Namespace, console: Any, work: Path) ->
         def status(text: str) -> None:
             live.update(f"{name}: {text}")
 
-        ort = SubprocessBackend(model, {}, hosted_kind="onnxruntime")
+        ort = open_in_worker("onnxruntime", model, {})
         try:
             reference = ort.run(feeds)
             row["ort"] = measure_where_it_runs(ort, feeds, settings, "onnxruntime").to_json()

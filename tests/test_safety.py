@@ -240,13 +240,14 @@ def test_sigterm_during_optimize_keeps_the_previous_artifact(tmp_path: Path, art
 
 
 def _is_tuner(child: psutil.Process) -> bool:
-    """A multiprocessing worker of lto's, not its resource tracker. A child that ends while it is
-    looked at (a zombie, or gone) is not the tuner."""
+    """lto's child process running the tvm-tune stage (optimize.child names what a child is on
+    its command line), not a worker hosting a model. A child that ends while it is looked at (a
+    zombie, or gone) is not the tuner."""
     try:
         cmdline = " ".join(child.cmdline())
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return False
-    return "multiprocessing" in cmdline and "resource_tracker" not in cmdline
+    return "optimize.child" in cmdline and "the tvm-tune process" in cmdline
 
 
 @pytest.mark.slow

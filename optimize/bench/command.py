@@ -14,6 +14,7 @@ from optimize.artifact import resolve_model
 from optimize.backend import Backend
 from optimize.bench.apart import compare
 from optimize.bench.engine import BenchSettings, Comparison, Measurement, measure
+from optimize.bench.repeat import run_repeated
 from optimize.errors import InputError, UsageError
 from optimize.inputs import InputSpec, check_memory, feeds_from_spec, resolve_inputs
 from optimize.report import new_report
@@ -94,9 +95,7 @@ def run_bench(request: BenchRequest, progress: Progress | None = None) -> dict[s
     With `request.repeat` > 1, every repetition runs in a fresh process (see optimize.bench.repeat).
     """
     if request.repeat > 1:
-        from optimize.bench.repeat import run_repeated
-
-        return run_repeated(request, progress)
+        return run_repeated(request, run_bench, progress)
     target = resolve_model(request.model, request.backend)
     overrides = dict(request.runtime_overrides)
     if target.backend == "tvm":

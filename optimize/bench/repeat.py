@@ -6,29 +6,27 @@ far more than the CI of any single process says. A report meant as a gate's base
 carries several process-level repetitions, and the gate compares the distribution of their
 per-repetition figures (as benchstat does), not the pooled runs.
 
-Each repetition is a spawned child (never forked: the parent may hold ONNX Runtime thread
-pools) that runs `run_bench` and sends its report back over a pipe, with progress ticks.
+Each repetition is a child process (optimize.child: a fresh interpreter, never a fork) that runs
+`run_bench` and sends its report back, with progress ticks; its errors come back as lto's own.
 """
 
 from __future__ import annotations
 
-import contextlib
-import signal
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from optimize.bench.engine import UNSTABLE_CV, UNSTABLE_FOREIGN_LOAD
-from optimize.errors import InputError, LtoError, ModelError, UsageError, first_line
+from optimize.child import PROGRESS, ParentLink, start_child
+from optimize.errors import LtoError
 from optimize.stats import summarize, tail_flags
 
-if TYPE_CHECKING:
-    from optimize.bench.command import BenchRequest
-
 Progress = Callable[[str, int, float], None]
+# One measurement of a request, with progress ticks: optimize.bench.command.run_bench.
+RunOnce = Callable[[Any, Progress], dict[str, Any]]
 
 # Fewest repetitions a report needs before the gate compares it with another report: with 5 a
 # side, the Mann-Whitney test can reach p = 1/252 and the ratio's 95% interval exists.
@@ -40,76 +38,34 @@ UNSTABLE_REPETITION_SPREAD = UNSTABLE_CV
 # /proc/stat counts in 10 ms ticks: a repetition shorter than this says little about the load.
 MIN_LOAD_WINDOW_S = 0.2
 
-_ERRORS: dict[str, type[LtoError]] = {
-    "UsageError": UsageError,
-    "InputError": InputError,
-    "ModelError": ModelError,
-}
+# How long a repetition's process that has sent its report has to exit before it is ended.
+_EXIT_WAIT_S = 2.0
 
 
-def _child(request: BenchRequest, conn: Any) -> None:
-    # The parent owns Ctrl-C: it ends this process when interrupted.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from optimize.bench.command import run_bench
+def _repetition(link: ParentLink, run_once: RunOnce, request: Any) -> dict[str, Any]:
+    """The child: one measurement, with progress ticks."""
 
     def tick(label: str, runs: int, elapsed: float) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            conn.send(("tick", (label, runs, elapsed)))
+        link.progress((label, runs, elapsed))
 
-    try:
-        conn.send(("result", run_bench(request, tick)))
-    except LtoError as exc:
-        conn.send(("error", (type(exc).__name__, exc.message, exc.hint)))
-    except BaseException as exc:  # crosses as text: the parent raises it as an LtoError
-        conn.send(("error", ("LtoError", first_line(exc), None)))
-    finally:
-        conn.close()
+    return run_once(request, tick)
 
 
-def _one_repetition(request: BenchRequest, on_tick: Progress | None) -> dict[str, Any]:
-    import multiprocessing
+def _one_repetition(run_once: RunOnce, request: Any, on_tick: Progress | None) -> dict[str, Any]:
+    def said(kind: str, value: Any) -> None:
+        if kind == PROGRESS and on_tick is not None:
+            on_tick(*value)
 
-    mp = multiprocessing.get_context("spawn")
-    receiver, sender = mp.Pipe(duplex=False)
-    process = mp.Process(target=_child, args=(request, sender), name="lto-bench-repetition")
-    process.start()
-    sender.close()
-    try:
-        while True:
-            if not receiver.poll(0.2):
-                if process.is_alive() or receiver.poll(0):
-                    continue
-                raise LtoError(
-                    f"a repetition's process ended without a result (exit code {process.exitcode})"
-                )
-            try:
-                kind, value = receiver.recv()
-            except EOFError:
-                process.join(1.0)
-                raise LtoError(
-                    f"a repetition's process ended without a result (exit code {process.exitcode})"
-                ) from None
-            if kind == "tick":
-                if on_tick is not None:
-                    on_tick(*value)
-            elif kind == "result":
-                return dict(value)
-            else:
-                name, message, hint = value
-                raise _ERRORS.get(name, LtoError)(message, hint)
-    except BaseException:
-        process.terminate()  # interrupted or failed: no reason to let it finish its --time
-        raise
-    finally:
-        process.join(2.0)
-        if process.is_alive():
-            process.kill()
-            process.join(2.0)
-        receiver.close()
+    # Leaving the block ends the child: interrupted or failed, it has no reason to finish its --time.
+    with start_child(_repetition, run_once, request, what="a repetition's process") as child:
+        report = child.result(said)
+        child.wait(_EXIT_WAIT_S)
+    return dict(report)
 
 
-def run_repeated(request: BenchRequest, progress: Progress | None = None) -> dict[str, Any]:
-    """`request.repeat` measurements, each in a fresh process; one report holding them all."""
+def run_repeated(request: Any, run_once: RunOnce, progress: Progress | None = None) -> dict[str, Any]:
+    """`request.repeat` measurements by `run_once` (a module-level function: the child imports
+    it by name), each in a fresh process; one report holding them all."""
     count = request.repeat
     single = replace(request, repeat=1)
     reports: list[dict[str, Any]] = []
@@ -121,7 +77,7 @@ def run_repeated(request: BenchRequest, progress: Progress | None = None) -> dic
             def tick(label: str, runs: int, elapsed: float, done: int = done) -> None:
                 progress(f"{label} (repetition {done + 1}/{count})", runs, elapsed)
 
-        reports.append(_one_repetition(single, tick))
+        reports.append(_one_repetition(run_once, single, tick))
     return merge_repetitions(reports)
 
 

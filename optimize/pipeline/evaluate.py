@@ -29,8 +29,7 @@ from optimize.pipeline import judge
 from optimize.pipeline.baseline import Baseline
 from optimize.pipeline.record import RunRecord, StageRecord, Status
 from optimize.runtime_model import RuntimeModel
-from optimize.runtimes.backends import open_backend
-from optimize.runtimes.worker import open_in_worker
+from optimize.runtimes.backends import open_backend, open_in_worker
 
 Candidate = RuntimeModel
 MeasureFn = Callable[..., Measurement]  # optimize.bench.measure_where_it_runs's signature

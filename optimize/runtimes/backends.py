@@ -1,4 +1,5 @@
-"""Open a model in a runtime: the backend registry, read from the runtime specs.
+"""Open a model in a runtime, here or in a worker process of its own: the backend registry,
+read from the runtime specs.
 
 Apart from the stages on purpose: `lto serve`, `bench` and the worker processes open backends
 and never load the optimizer's stage interface.
@@ -14,7 +15,7 @@ from optimize.backend import Backend
 from optimize.runtime_model import RuntimeModel
 from optimize.runtimes.registry import backend_info
 from optimize.runtimes.spec import resolve
-from optimize.runtimes.worker import open_in_worker
+from optimize.runtimes.worker import SubprocessBackend
 
 
 def backend_class(kind: str) -> type[Backend]:
@@ -28,6 +29,18 @@ def open_backend(kind: str, model_path: str | Path, config: Mapping[str, Any] | 
     return backend_class(kind)(model_path, config)
 
 
+def open_in_worker(kind: str, model_path: str | Path, config: Mapping[str, Any] | None = None) -> Backend:
+    """`kind` loaded in a worker process of its own, for comparisons measured one runtime per
+    process (optimize.bench.apart). A backend that starts its own worker (TVM: its child needs
+    TVM's thread settings before TVM is imported) is asked to; every other is hosted by a
+    SubprocessBackend."""
+    info = backend_info(kind)
+    settings = dict(config or {})
+    if info.own_worker:
+        return open_backend(kind, model_path, {**settings, "process": "isolated"})
+    return SubprocessBackend(model_path, settings, hosted_kind=kind, hosted_class=info.target)
+
+
 def open_model(model: RuntimeModel, overrides: Mapping[str, Any] | None = None) -> Backend:
     """Load `model` into its runtime; `overrides` win over its stored runtime configuration."""
     return open_backend(model.backend, model.model_path, {**model.runtime_config, **(overrides or {})})
@@ -38,4 +51,4 @@ def open_model_in_worker(model: RuntimeModel, overrides: Mapping[str, Any] | Non
     return open_in_worker(model.backend, model.model_path, {**model.runtime_config, **(overrides or {})})
 
 
-__all__ = ["backend_class", "open_backend", "open_model", "open_model_in_worker"]
+__all__ = ["backend_class", "open_backend", "open_in_worker", "open_model", "open_model_in_worker"]

@@ -41,6 +41,9 @@ class BackendInfo:
     threads_setting: str | None = None
     # Settings added when several instances share the machine, unless the artifact sets them.
     several_instances: Mapping[str, Any] = field(default_factory=dict)
+    # Starts its own worker process when its config says process="isolated", instead of being
+    # hosted by optimize.runtimes.worker (it must set its environment before its library loads).
+    own_worker: bool = False
 
 
 @dataclass(frozen=True)

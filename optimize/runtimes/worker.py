@@ -15,15 +15,16 @@ model latencies. Where an absolute latency without IPC is wanted, the bench engi
 own `measure` inside the child through `call_in_child` (`optimize.bench.measure_where_it_runs`),
 and a comparison of two hosted backends times blocks of runs inside each child, one at a time
 (`optimize.bench.apart`): the backend never times itself.
+
+Starting the worker, carrying its errors and ending it are optimize.child's, as for every child
+process of lto's; what is here is the request loop and the shared-memory tensor protocol. The
+per-call path sends and receives on the connection directly, with nothing in between.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -34,11 +35,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from optimize import errors
 from optimize.backend import Backend, TensorSpec
-from optimize.errors import LtoError, first_line
+from optimize.child import ERROR, RESULT, Child, ErrorRecord, ParentLink, start_child
+from optimize.errors import LtoError
+from optimize.runtimes.spec import resolve
 
 _START_TIMEOUT_S = 300.0  # loading a large library under load can take a while
+_CLOSE_WAIT_S = 10.0  # for the worker to close its backend and exit before it is ended
 _ALIGN = 64
 # Tensors travel through files in RAM (/dev/shm where there is one): a memcpy each way instead
 # of pickling every array through the socket (which cost ~0.2 ms per call on small models).
@@ -102,44 +105,22 @@ class _SharedFile:
             self.unlink()
 
 
-def _error_payload(exc: BaseException) -> tuple[str, str, str | None]:
-    if isinstance(exc, LtoError):
-        return type(exc).__name__, exc.message, exc.hint
-    return "", first_line(exc), None
-
-
-def _rebuild_error(kind: str, payload: tuple[str, str, str | None]) -> LtoError:
-    name, message, hint = payload
-    cls = getattr(errors, name, None) if name else None
-    if isinstance(cls, type) and issubclass(cls, LtoError):
-        return cls(message, hint)
-    return LtoError(f"the {kind} worker process failed: {message}", hint)
-
-
-def _child_main(fd: int) -> None:
-    """The child: open the backend named in the first request, then serve run/measure requests."""
-    from multiprocessing.connection import Connection
-
-    conn = Connection(fd)
-    try:
-        _, kind, model_path, config = conn.recv()
-        from optimize.runtimes.backends import open_backend
-
-        backend = open_backend(kind, model_path, config)
-        conn.send(
-            (
-                "ready",
-                {
-                    "inputs": [s.to_json() for s in backend.inputs],
-                    "outputs": [s.to_json() for s in backend.outputs],
-                    "describe": backend.describe(),
-                    "pid": os.getpid(),
-                },
-            )
+def _serve(link: ParentLink, backend_class: str, model_path: str, config: dict[str, Any]) -> None:
+    """The child: open the backend (its class named "module:Class"), say what it is, then serve
+    run/measure requests. Each answer is a RESULT or an ERROR message (optimize.child's
+    vocabulary), sent straight over the connection: this loop is the per-call path."""
+    conn = link.connection
+    backend = resolve(backend_class)(model_path, config)  # what it raises reaches the parent as itself
+    conn.send(
+        (
+            RESULT,
+            {
+                "inputs": [s.to_json() for s in backend.inputs],
+                "outputs": [s.to_json() for s in backend.outputs],
+                "describe": backend.describe(),
+            },
         )
-    except BaseException as exc:
-        conn.send(("error", _error_payload(exc)))
-        return
+    )
     shared: dict[str, _SharedFile] = {}  # "in" / "out": the parent's files, mapped here by path
 
     def mapped(role: str, path: str) -> _SharedFile:
@@ -185,9 +166,9 @@ def _child_main(fd: int) -> None:
                 else:
                     raise LtoError(f"unknown worker request {op!r}")
             except Exception as exc:
-                conn.send(("error", _error_payload(exc)))
+                conn.send((ERROR, ErrorRecord.of(exc)))
                 continue
-            conn.send(("ok", result))
+            conn.send((RESULT, result))
     finally:
         for file in shared.values():
             file.close()
@@ -199,7 +180,8 @@ def _specs(entries: list[dict[str, Any]]) -> list[TensorSpec]:
 
 
 class SubprocessBackend(Backend):
-    """Hosts the backend `kind` in a spawned child process and forwards every call to it."""
+    """Hosts a backend in a child process of its own and forwards every call to it: backend
+    `hosted_kind`, whose class `hosted_class` ("module:Class") the child imports and opens."""
 
     kind: ClassVar[str] = "subprocess"
 
@@ -209,6 +191,7 @@ class SubprocessBackend(Backend):
         config: Mapping[str, Any] | None = None,
         *,
         hosted_kind: str,
+        hosted_class: str,
         env: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(model_path, config)
@@ -221,47 +204,41 @@ class SubprocessBackend(Backend):
         # What the last run() cost on top of the model itself (copies, messages, wake-ups), from
         # the child's own timing of backend.run: a paired figure, unlike two separate timings.
         self.last_overhead_ms: float | None = None
-        # A fresh interpreter (not fork: a forked child inherits this process's thread pools and
-        # locks; not multiprocessing's spawn: it re-imports the caller's __main__). The pipe is a
-        # socketpair whose child end is passed by descriptor.
-        parent_sock, child_sock = socket.socketpair()
-        package_root = str(Path(__file__).resolve().parent.parent.parent)
-        child_env = {**os.environ, **dict(env or {})}
-        child_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, child_env.get("PYTHONPATH")) if p)
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        code = f"from optimize.runtimes.worker import _child_main; _child_main({child_sock.fileno()})"
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            pass_fds=(child_sock.fileno(),),
-            env=child_env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=self._stderr,  # TVM prints harmless "Scope Loaded" noise; kept for error reports
-            close_fds=True,
+        # A request was cut short (an interrupt while waiting for its answer): the worker is
+        # still busy with it and will not read "close" soon, so close() ends it at once.
+        self._abandoned = False
+        # A fresh interpreter (optimize.child), its output kept out of the parent's: TVM prints
+        # harmless "Scope Loaded" noise, and stderr is kept for the error when the worker dies.
+        self._child: Child | None = start_child(
+            _serve,
+            hosted_class,
+            str(self.model_path),
+            dict(self.config),
+            what=f"the {hosted_kind} worker process",
+            capture_output=True,
+            env=env,
+            stderr_noise=("Scope Loaded",),
         )
-        child_sock.close()
-        self._conn = Connection(parent_sock.detach())
-        self._conn.send(("open", hosted_kind, str(self.model_path), dict(self.config)))
-        if not self._conn.poll(_START_TIMEOUT_S):
+        self._proc = self._child.process
+        self.pid = self._child.pid
+        try:
+            reply = self._child.receive(_START_TIMEOUT_S)
+            if reply is None:
+                raise LtoError(
+                    f"the {hosted_kind} worker process did not start within {_START_TIMEOUT_S:.0f} s"
+                )
+            status, payload = reply
+            if status != RESULT:
+                raise self._child.rebuild(payload)
+        except BaseException:  # a failed start, or an interrupt: the worker goes too, at once
+            self._abandoned = True
             self.close()
-            raise LtoError(f"the {hosted_kind} worker process did not start within {_START_TIMEOUT_S:.0f} s")
-        status, payload = self._receive()
-        if status != "ready":
-            self.close()
-            raise _rebuild_error(hosted_kind, payload)
+            raise
+        # The per-call path uses the connection directly (see _call).
+        self._conn = self._child.connection
         self._inputs = _specs(payload["inputs"])
         self._outputs = _specs(payload["outputs"])
         self._describe = payload["describe"]
-        self.pid = int(payload["pid"])
-
-    def _stderr_tail(self) -> str:
-        try:
-            self._stderr.seek(0)
-            lines = [ln.strip() for ln in self._stderr.read().decode("utf-8", "replace").splitlines()]
-        except (OSError, ValueError):
-            return ""
-        lines = [ln for ln in lines if ln and "Scope Loaded" not in ln]
-        return lines[-1][:300] if lines else ""
 
     def _receive(self) -> tuple[str, Any]:
         assert self._conn is not None
@@ -269,15 +246,9 @@ class SubprocessBackend(Backend):
             return self._conn.recv()  # type: ignore[no-any-return]
         except (EOFError, OSError):
             raise self._died() from None
-
-    def _died(self) -> LtoError:
-        try:
-            code = self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            code = None
-        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        tail = self._stderr_tail()
-        return LtoError(f"the {self.hosted_kind} worker process died ({how})" + (f": {tail}" if tail else ""))
+        except BaseException:
+            self._abandoned = True
+            raise
 
     def _call(self, *message: Any) -> Any:
         if self._conn is None:
@@ -286,10 +257,22 @@ class SubprocessBackend(Backend):
             self._conn.send(message)
         except OSError:  # the child is gone (broken pipe / connection reset)
             raise self._died() from None
+        except BaseException:  # a message cut in two: the channel is no use any more
+            self._abandoned = True
+            raise
         status, payload = self._receive()
-        if status != "ok":
-            raise _rebuild_error(self.hosted_kind, payload)
+        if status != RESULT:
+            raise self._rebuild(payload)
         return payload
+
+    # The error paths of _call: _conn is set only while _child is.
+    def _died(self) -> LtoError:
+        assert self._child is not None
+        return self._child.died()
+
+    def _rebuild(self, record: ErrorRecord) -> BaseException:
+        assert self._child is not None
+        return self._child.rebuild(record)
 
     @property
     def inputs(self) -> list[TensorSpec]:
@@ -338,21 +321,14 @@ class SubprocessBackend(Backend):
         return {**self._describe, "process": "isolated", "worker_pid": self.pid}
 
     def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(OSError, ValueError):
-                conn.send(("close",))
-            conn.close()
-        proc = getattr(self, "_proc", None)
-        if proc is not None and proc.poll() is None:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-        stderr = getattr(self, "_stderr", None)
-        if stderr is not None:
-            stderr.close()
+        self._conn = None
+        child, self._child = getattr(self, "_child", None), None
+        if child is not None:
+            if not self._abandoned:  # idle: it closes its backend and exits by itself
+                with contextlib.suppress(OSError, ValueError):
+                    child.connection.send(("close",))
+                child.wait(_CLOSE_WAIT_S)
+            child.close()
         for attr in ("_in", "_out"):
             file = getattr(self, attr, None)
             if file is not None:
@@ -360,13 +336,4 @@ class SubprocessBackend(Backend):
                 setattr(self, attr, None)
 
 
-def open_in_worker(kind: str, model_path: str | Path, config: Mapping[str, Any] | None = None) -> Backend:
-    """`kind` loaded in a worker process of its own, for comparisons measured one runtime per
-    process (optimize.bench.apart). TVM hosts itself (its child needs TVM's thread settings
-    before TVM is imported); every other runtime is hosted by a SubprocessBackend."""
-    settings = dict(config or {})
-    if kind == "tvm":
-        from optimize.runtimes.backends import open_backend
-
-        return open_backend(kind, model_path, {**settings, "process": "isolated"})
-    return SubprocessBackend(model_path, settings, hosted_kind=kind)
+__all__ = ["SubprocessBackend"]

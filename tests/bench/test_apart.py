@@ -16,8 +16,7 @@ from optimize.backend import Backend
 from optimize.bench import BenchSettings, compare
 from optimize.bench.apart import compare_apart, process_cpu_s, wait_until_idle
 from optimize.inputs import resolve_inputs
-from optimize.runtimes.backends import open_backend
-from optimize.runtimes.worker import open_in_worker
+from optimize.runtimes.backends import open_backend, open_in_worker
 from tests.conftest import sample_path
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")

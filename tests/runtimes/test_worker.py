@@ -13,11 +13,10 @@ from tests.runtimes.tvm.helpers import FEEDS, mlp_model
 
 def test_subprocess_backend_matches_in_process(tmp_path: Path) -> None:
     from optimize.bench import BenchSettings, measure_where_it_runs
-    from optimize.runtimes.backends import open_backend
-    from optimize.runtimes.worker import SubprocessBackend
+    from optimize.runtimes.backends import open_backend, open_in_worker
 
     model = mlp_model(tmp_path / "m.onnx")
-    hosted = SubprocessBackend(model, {"intra_op_num_threads": 1}, hosted_kind="onnxruntime")
+    hosted = open_in_worker("onnxruntime", model, {"intra_op_num_threads": 1})
     try:
         with open_backend("onnxruntime", model, {"intra_op_num_threads": 1}) as local:
             assert hosted.inputs == local.inputs and hosted.outputs == local.outputs
@@ -38,13 +37,13 @@ def test_subprocess_backend_reports_load_errors_and_death(tmp_path: Path) -> Non
     import signal
 
     from optimize.errors import ModelError
-    from optimize.runtimes.worker import SubprocessBackend
+    from optimize.runtimes.backends import open_in_worker
 
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a model")
     with pytest.raises(ModelError, match=r"onnxruntime cannot load bad\.onnx"):
-        SubprocessBackend(bad, {}, hosted_kind="onnxruntime")
-    hosted = SubprocessBackend(mlp_model(tmp_path / "m.onnx"), {}, hosted_kind="onnxruntime")
+        open_in_worker("onnxruntime", bad, {})
+    hosted = open_in_worker("onnxruntime", mlp_model(tmp_path / "m.onnx"), {})
     try:
         os.kill(hosted.pid, signal.SIGKILL)
         hosted._proc.wait(timeout=10)  # fully gone: the request now fails on send, not on receive
@@ -52,3 +51,31 @@ def test_subprocess_backend_reports_load_errors_and_death(tmp_path: Path) -> Non
             hosted.run(FEEDS)
     finally:
         hosted.close()
+
+
+def test_an_interrupted_request_ends_the_worker_at_once(tmp_path: Path) -> None:
+    """Ctrl-C reaches lto's whole group: the worker ignores it, and lto, interrupted while the
+    worker is busy, ends it rather than waiting for it to finish and read "close"."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from optimize.runtimes.backends import open_in_worker
+
+    hosted = open_in_worker("onnxruntime", mlp_model(tmp_path / "m.onnx"), {})
+
+    def ctrl_c() -> None:
+        time.sleep(0.5)
+        os.kill(hosted.pid, signal.SIGINT)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+
+    try:
+        threading.Thread(target=ctrl_c, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            hosted.call_in_child("tests.child_targets:sleep_in_worker", 60.0)
+        assert hosted._proc.poll() is None  # still busy: SIGINT is lto's to act on
+    finally:
+        started = time.monotonic()
+        hosted.close()
+    assert time.monotonic() - started < 3.0 and hosted._proc.returncode == -signal.SIGTERM

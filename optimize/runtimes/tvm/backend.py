@@ -73,6 +73,7 @@ class TvmBackend(Backend):
                 self.model_path,
                 {**self.config, "process": "inline"},
                 hosted_kind=self.kind,
+                hosted_class=f"{type(self).__module__}:{type(self).__qualname__}",
                 env=self.child_env(self.num_threads),
             )
             return

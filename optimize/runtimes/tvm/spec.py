@@ -26,6 +26,6 @@ TUNE_OPTIONS = {
 SPEC = RuntimeSpec(
     name="tvm",
     title="TVM",
-    backends=(BackendInfo("tvm", f"{_HERE}.backend:TvmBackend", "tvm"),),
+    backends=(BackendInfo("tvm", f"{_HERE}.backend:TvmBackend", "tvm", own_worker=True),),
     stages=(StageInfo("tvm-tune", f"{_HERE}.tune_stage:TvmTuneStage", TUNE_OPTIONS),),
 )
