@@ -14,7 +14,7 @@ from optimize.datasets import parse_preprocess, read_data
 from optimize.errors import InputError, UsageError
 from optimize.inputs import batch_axes, model_input_specs, resolve_inputs
 from optimize.rows import RealRows
-from tests.cli_helpers import assert_clean_error, run_lto
+from tests.cli_helpers import assert_clean_error, run_cli
 
 PIL = pytest.importorskip("PIL", reason="--data of images needs Pillow: pip install lto-onnx[data]")
 from PIL import Image  # noqa: E402
@@ -188,9 +188,9 @@ def test_wav_files_become_windows_of_the_pinned_length_with_states_at_zero(tmp_p
 def test_the_cli_refuses_bad_data_flags_in_one_line(tmp_path: Path) -> None:
     model = image_model(tmp_path / "m.onnx", [1, 3, 16, 16])
     photos = _images(tmp_path / "photos", 4)
-    both = run_lto("optimize", model, "--data", photos, "--calib-data", model, "-o", tmp_path / "a")
+    both = run_cli("optimize", model, "--data", photos, "--calib-data", model, "-o", tmp_path / "a")
     assert_clean_error(both, 2, "--data and --calib-data")
-    alone = run_lto("optimize", model, "--preprocess", "unit", "-o", tmp_path / "a")
+    alone = run_cli("optimize", model, "--preprocess", "unit", "-o", tmp_path / "a")
     assert_clean_error(alone, 2, "--preprocess applies to --data only")
-    few = run_lto("optimize", model, "--data", photos, "--preprocess", "unit", "-o", tmp_path / "a")
+    few = run_cli("optimize", model, "--data", photos, "--preprocess", "unit", "-o", tmp_path / "a")
     assert_clean_error(few, 2, "--data holds 4 sample(s); lto needs at least")

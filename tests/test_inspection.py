@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from optimize.errors import InputError
 from optimize.inspection import inspect_model
-from tests.cli_helpers import assert_clean_error, run_lto
+from tests.cli_helpers import assert_clean_error, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"
@@ -106,12 +106,12 @@ def test_bad_shape_names_the_inputs() -> None:
         inspect_model(BERT, {"input_ids": (1, 8, 2)})
     with pytest.raises(InputError, match="fixed at 256"):
         inspect_model(MLP, {"features": (1, 100)})
-    proc = run_lto("inspect", BERT, "--shape", "tokens=1x8")
+    proc = run_cli("inspect", BERT, "--shape", "tokens=1x8")
     assert_clean_error(proc, 2, "no input or dynamic dim named 'tokens'", "input_ids")
 
 
 def test_cli_json_output_parses() -> None:
-    proc = run_lto("inspect", MLP, "--shape", "features=1x256", "--json")
+    proc = run_cli("inspect", MLP, "--shape", "features=1x256", "--json")
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["compute"]["macs"] == 256 * 512 + 512 * 128 + 128 * 10
@@ -122,20 +122,20 @@ def test_cli_json_output_parses() -> None:
 
 @pytest.mark.slow
 def test_cli_tables_show_dynamic_dims_and_compute() -> None:
-    proc = run_lto("inspect", BERT, "--shape", "batch=1", "--shape", "sequence=128")
+    proc = run_cli("inspect", BERT, "--shape", "batch=1", "--shape", "sequence=128")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "[batch, sequence, 128]" in out  # rich markup must not swallow bracketed shapes
     assert "LayerNormalization" in out and "Softmax" in out
     assert "58.74 MMAC" in out
     assert "onnx.checker (full): ok" in out
-    unpinned = run_lto("inspect", BERT)
+    unpinned = run_cli("inspect", BERT)
     assert unpinned.returncode == 0, unpinned.stderr
     assert "FLOPs need --shape batch=N --shape sequence=N" in unpinned.stdout
 
 
 def test_help_has_examples() -> None:
-    proc = run_lto("inspect", "--help")
+    proc = run_cli("inspect", "--help")
     assert proc.returncode == 0
     assert "lto inspect sample_models/bert_tiny.onnx --shape input_ids=1x128" in proc.stdout
 
@@ -156,7 +156,7 @@ def test_inspect_model_with_external_data(tmp_path: Path) -> None:
     assert ext["parameters"] == plain["parameters"]
     assert ext["compute"]["macs"] == plain["compute"]["macs"]
     assert ext["checks"]["checker"]["ok"] and ext["checks"]["shape_inference"]["ok"]
-    proc = run_lto("inspect", path, "--json")
+    proc = run_cli("inspect", path, "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["external_data"]["files"] == ["weights.bin"]
 
@@ -201,7 +201,7 @@ def test_inspect_reports_failed_checks_instead_of_failing(tmp_path: Path) -> Non
     model.ir_version = 8
     path = tmp_path / "mixed.onnx"
     path.write_bytes(model.SerializeToString())
-    proc = run_lto("inspect", path)
+    proc = run_cli("inspect", path)
     assert proc.returncode == 0, proc.stderr
     assert "onnx.checker (full): failed" in proc.stdout
     info = inspect_model(path)

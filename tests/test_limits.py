@@ -18,7 +18,7 @@ import pytest
 
 from optimize.inputs import check_memory
 from optimize.report import load_report
-from tests.cli_helpers import ROOT, assert_clean_error, run_lto
+from tests.cli_helpers import ROOT, assert_clean_error, run_cli
 from tests.conftest import sample_path
 
 FAST = ["--warmup", "2", "--min-runs", "10", "--runs", "20", "--time", "0.5"]
@@ -27,8 +27,9 @@ MLP = sample_path("mlp_small.onnx")
 
 
 def run_lto_capped(*args: str | Path, cap_gib: int = 8) -> subprocess.CompletedProcess:
-    """run_lto under an address-space limit: were a memory check to regress, the allocation
-    fails fast with MemoryError instead of taking the machine's memory."""
+    """`lto` under an address-space limit: were a memory check to regress, the allocation
+    fails fast with MemoryError instead of taking the machine's memory. Needs a process: the
+    limit holds for the whole process, which must not be pytest's."""
 
     def cap() -> None:
         limit = cap_gib * 2**30
@@ -61,7 +62,7 @@ def run_lto_capped(*args: str | Path, cap_gib: int = 8) -> subprocess.CompletedP
 )
 def test_bench_thread_counts_out_of_bounds(flag: str, value: str, needle: str) -> None:
     started = time.monotonic()
-    proc = run_lto("bench", MLP, flag, value, *FAST)
+    proc = run_cli("bench", MLP, flag, value, *FAST)
     assert_clean_error(proc, 2, flag, needle, str(BOUND))
     assert time.monotonic() - started < 30  # refused up front, not after starting the threads
 
@@ -69,7 +70,7 @@ def test_bench_thread_counts_out_of_bounds(flag: str, value: str, needle: str) -
 def test_recipe_thread_count_out_of_bounds(tmp_path: Path) -> None:
     recipe = tmp_path / "threads.toml"
     recipe.write_text('order = ["memory-layout"]\n[stages.memory-layout]\nthreads = 100000\n')
-    proc = run_lto("optimize", MLP, "--recipe", recipe, "-o", tmp_path / "out")
+    proc = run_cli("optimize", MLP, "--recipe", recipe, "-o", tmp_path / "out")
     assert_clean_error(proc, 2, "stages.memory-layout.threads", f"more than {BOUND} threads")
     assert not (tmp_path / "out").exists()
 
@@ -77,12 +78,12 @@ def test_recipe_thread_count_out_of_bounds(tmp_path: Path) -> None:
 @pytest.mark.parametrize("command", ["serve", "load"])
 def test_instances_out_of_bounds(command: str) -> None:
     # One thread per instance: refused before any instance is loaded or a port is bound.
-    proc = run_lto(command, MLP, "--instances", "100000")
+    proc = run_cli(command, MLP, "--instances", "100000")
     assert_clean_error(proc, 2, "--instances 100000", f"more than {BOUND} threads")
 
 
 def test_bench_thread_count_within_bounds_runs() -> None:
-    proc = run_lto("bench", MLP, "--threads", str(BOUND), "--inter-threads", "1", *FAST, "--json")
+    proc = run_cli("bench", MLP, "--threads", str(BOUND), "--inter-threads", "1", *FAST, "--json")
     assert proc.returncode == 0, proc.stderr
 
 
@@ -102,7 +103,7 @@ def test_bench_thread_count_within_bounds_runs() -> None:
     ],
 )
 def test_bad_batch_lists_are_usage_errors(batch: str, needle: str) -> None:
-    proc = run_lto("bench", MLP, f"--batch={batch}", *FAST)
+    proc = run_cli("bench", MLP, f"--batch={batch}", *FAST)
     assert_clean_error(proc, 2, "--batch", needle)
 
 
@@ -149,7 +150,7 @@ def test_memory_check_skips_activations_when_inference_fails(tmp_path: Path) -> 
 def test_recipe_not_utf8_is_a_usage_error(tmp_path: Path) -> None:
     recipe = tmp_path / "bad.toml"
     recipe.write_bytes('name = "café"\norder = ["graph-fusion"]\n'.encode("latin-1"))
-    proc = run_lto("optimize", MLP, "--recipe", recipe, "-o", tmp_path / "out")
+    proc = run_cli("optimize", MLP, "--recipe", recipe, "-o", tmp_path / "out")
     assert_clean_error(proc, 2, str(recipe), "not UTF-8")
 
 
@@ -159,7 +160,7 @@ def test_recipe_not_utf8_is_a_usage_error(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("artifact") / "mlp"
-    proc = run_lto("optimize", MLP, "--target-ms", "100", "--stop-at-target", "-o", out)
+    proc = run_cli("optimize", MLP, "--target-ms", "100", "--stop-at-target", "-o", out)
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -205,7 +206,7 @@ def test_damaged_manifest_is_refused_naming_the_field(
     shutil.copytree(artifact, damaged)
     manifest = json.loads((damaged / "manifest.json").read_text())
     (damaged / "manifest.json").write_text(json.dumps(edit(manifest)))
-    proc = run_lto("bench", "--artifact", damaged, *FAST)
+    proc = run_cli("bench", "--artifact", damaged, *FAST)
     assert_clean_error(proc, 2, "manifest.json", needle)
     assert "internal error" not in proc.stderr
 
@@ -222,7 +223,7 @@ def test_manifest_with_absurd_shape_is_refused_before_allocating(artifact: Path,
 
 
 def test_intact_artifact_still_benches(artifact: Path) -> None:
-    proc = run_lto("bench", "--artifact", artifact, *FAST, "--json")
+    proc = run_cli("bench", "--artifact", artifact, *FAST, "--json")
     assert proc.returncode == 0, proc.stderr
 
 
@@ -235,7 +236,7 @@ def test_compare_with_the_original_takes_the_artifacts_stored_inputs(artifact: P
     manifest = json.loads((at_three / "manifest.json").read_text())
     manifest["input_spec"]["inputs"][0]["shape"] = [3, *manifest["input_spec"]["inputs"][0]["shape"][1:]]
     (at_three / "manifest.json").write_text(json.dumps(manifest))
-    proc = run_lto("bench", "--artifact", at_three, "--compare", MLP, *FAST, "--json")
+    proc = run_cli("bench", "--artifact", at_three, "--compare", MLP, *FAST, "--json")
     assert proc.returncode == 0, proc.stderr
     assert [r["batch_size"] for r in json.loads(proc.stdout)["results"]] == [3, 3]
 
@@ -248,7 +249,7 @@ def test_nan_and_inf_input_data_warn_naming_the_input(tmp_path: Path) -> None:
     features[0, 3], features[0, 5] = np.nan, np.inf
     data, out = tmp_path / "nan.npz", tmp_path / "bench.json"
     np.savez(data, features=features)
-    proc = run_lto("bench", MLP, "--input-data", data, *FAST, "-o", out)
+    proc = run_cli("bench", MLP, "--input-data", data, *FAST, "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert "warning:" in proc.stderr and "'features'" in proc.stderr and "1 NaN and 1 inf" in proc.stderr
     warnings = load_report(out)["warnings"]
@@ -258,7 +259,7 @@ def test_nan_and_inf_input_data_warn_naming_the_input(tmp_path: Path) -> None:
 def test_clean_input_data_has_no_warnings(tmp_path: Path) -> None:
     data, out = tmp_path / "ok.npz", tmp_path / "bench.json"
     np.savez(data, features=np.ones((1, 256), dtype=np.float32))
-    proc = run_lto("bench", MLP, "--input-data", data, *FAST, "-o", out)
+    proc = run_cli("bench", MLP, "--input-data", data, *FAST, "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr and "warnings" not in load_report(out)
 
@@ -266,14 +267,14 @@ def test_clean_input_data_has_no_warnings(tmp_path: Path) -> None:
 def test_input_data_without_rows_is_refused(tmp_path: Path) -> None:
     data = tmp_path / "empty.npz"
     np.savez(data, features=np.zeros((0, 256), dtype=np.float32))
-    proc = run_lto("bench", MLP, "--input-data", data, *FAST)
+    proc = run_cli("bench", MLP, "--input-data", data, *FAST)
     assert_clean_error(proc, 2, "--input-data", "'features'", "0 rows")
 
 
 def test_calib_data_without_rows_is_refused_before_work(tmp_path: Path) -> None:
     data = tmp_path / "empty.npz"
     np.savez(data, features=np.zeros((0, 256), dtype=np.float32))
-    proc = run_lto("optimize", MLP, "--quantize", "always", "--calib-data", data, "-o", tmp_path / "out")
+    proc = run_cli("optimize", MLP, "--quantize", "always", "--calib-data", data, "-o", tmp_path / "out")
     assert_clean_error(proc, 2, "--calib-data", "'features'", "0 rows")
     assert not (tmp_path / "out").exists()
 
@@ -284,7 +285,7 @@ def test_nan_calib_data_warns_naming_the_input(tmp_path: Path) -> None:
     calib[2, 1] = np.nan
     data = tmp_path / "calib.npz"
     np.savez(data, features=calib)
-    proc = run_lto(
+    proc = run_cli(
         "optimize",
         MLP,
         "--calib-data",

@@ -22,7 +22,7 @@ from optimize.onnx_file import (
     strip_unused_opsets,
     uses_external_data,
 )
-from tests.cli_helpers import assert_clean_error, run_lto
+from tests.cli_helpers import assert_clean_error, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "sample_models" / "mlp_small.onnx"
@@ -94,7 +94,7 @@ def test_load_model_raises_model_error(case: str, broken_files: dict[str, Path])
 
 @pytest.mark.parametrize("case", ["missing", "directory", "not_onnx", "truncated", "checker", "opset", "ir"])
 def test_cli_reports_unusable_model_in_one_line(case: str, broken_files: dict[str, Path]) -> None:
-    proc = run_lto("inspect", broken_files[case])
+    proc = run_cli("inspect", broken_files[case])
     assert_clean_error(proc, 2, "error:", *EXPECTED[case])
 
 
@@ -156,7 +156,7 @@ def test_missing_external_data_is_a_model_error(tmp_path: Path) -> None:
     path.with_name("mlp.data").unlink()
     with pytest.raises(ModelError, match=r"mlp\.data, which is missing"):
         load_model(path)
-    proc = run_lto("inspect", path)
+    proc = run_cli("inspect", path)
     assert_clean_error(proc, 2, "mlp.data")
 
 

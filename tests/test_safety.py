@@ -1,4 +1,5 @@
-"""The user's files and signals, through the real `lto` entry point in a subprocess.
+"""The user's files, through `lto`'s main() in-process, and signals, through the real `lto`
+entry point in a subprocess.
 
 - `-o` (and every other output path) replaces only what is empty or what lto wrote itself, and
   refuses anything else before any work starts;
@@ -21,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.cli_helpers import ROOT, assert_clean_error, run_lto
+from tests.cli_helpers import ROOT, assert_clean_error, run_cli
 from tests.conftest import sample_path
 
 MLP = "mlp_small.onnx"
@@ -40,14 +41,14 @@ def _no_work_left(parent: Path) -> None:
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real artifact of mlp_small, written once for the module."""
     out = tmp_path_factory.mktemp("art") / "mlp-artifact"
-    proc = run_lto("optimize", sample_path(MLP), "--target-ms", "100", "--stop-at-target", "-o", out)
+    proc = run_cli("optimize", sample_path(MLP), "--target-ms", "100", "--stop-at-target", "-o", out)
     assert proc.returncode == 0, proc.stderr
     return out
 
 
 def _optimize_into(out: Path, *extra: str, model: Path | None = None) -> subprocess.CompletedProcess:
     model = model or sample_path(MLP)
-    return run_lto("optimize", model, "--target-ms", "100", "--stop-at-target", "-o", out, *extra)
+    return run_cli("optimize", model, "--target-ms", "100", "--stop-at-target", "-o", out, *extra)
 
 
 # -- 1. -o never deletes what lto did not write ------------------------------------------------
@@ -82,7 +83,7 @@ def test_what_lto_did_not_write_is_refused_even_with_force(tmp_path: Path, kind:
         target.symlink_to(tmp_path / "real")
         needle = "is a symlink"
     else:
-        target = Path(".")  # run_lto runs in the repository root: refusing it is the whole point
+        target = Path(".")  # run_cli runs in the repository root: refusing it is the whole point
         needle = "working folder"
     before = _tree(tmp_path)
     for extra in ((), ("--force",)):
@@ -115,6 +116,7 @@ def test_an_lto_artifact_and_an_empty_folder_are_replaced_with_the_users_umask(
     empty = tmp_path / "empty"
     empty.mkdir()
     for out in (target, empty):
+        # Needs a process: the umask is the process's, set by the shell that starts lto.
         proc = subprocess.run(
             ["sh", "-c", 'umask 027 && exec "$0" -m optimize optimize "$1" --target-ms 100 '
              '--stop-at-target -o "$2"', sys.executable, str(sample_path(MLP)), str(out)],
@@ -152,21 +154,21 @@ def test_report_outputs_follow_the_same_rule(tmp_path: Path) -> None:
         ("serve", model, "--validate", "--requests", "5", "-o", user_file),
     ]
     for args in cases:
-        proc = run_lto(*args)
+        proc = run_cli(*args)
         assert_clean_error(proc, 2, str(user_file), "lto did not write")
         assert user_file.read_text() == "my notes\n", args
     # A report lto wrote is replaced, and created with the user's umask (not mkstemp's 0600).
     report, summary = tmp_path / "bench.json", tmp_path / "bench.md"
     for _ in range(2):
-        proc = run_lto("bench", model, "--time", "0.2", "-o", report, "--markdown", summary)
+        proc = run_cli("bench", model, "--time", "0.2", "-o", report, "--markdown", summary)
         assert proc.returncode == 0, proc.stderr
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE(report.stat().st_mode) == 0o666 & ~umask
     # `lto report` never renders a report over itself.
-    assert_clean_error(run_lto("report", report, "-o", report), 2, "also an input")
+    assert_clean_error(run_cli("report", report, "-o", report), 2, "also an input")
     assert json.loads(report.read_text())["kind"] == "bench"
-    proc = run_lto("report", report, "-o", summary)
+    proc = run_cli("report", report, "-o", summary)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -174,6 +176,9 @@ def test_report_outputs_follow_the_same_rule(tmp_path: Path) -> None:
 
 
 def _start(args: list[str], cwd: Path = ROOT, ignore_sigint: bool = False, **env: str) -> subprocess.Popen:
+    """`lto ARGS` in a process of its own. Needs a process: the tests signal it, and check the
+    exit status and the child processes it leaves."""
+
     def preexec() -> None:
         if ignore_sigint:  # what `cmd &` in a script does
             signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -61,9 +61,10 @@ for _name in COMMAND_MODULES:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every failure becomes one line on stderr and an exit code."""
     from optimize import interrupts
-    from optimize.cli.common import err_console
+    from optimize.cli.common import err_console, reset_consoles
     from optimize.errors import LtoError, first_line
 
+    reset_consoles()
     interrupts.install_handlers()
     try:
         rc = app(args=argv, standalone_mode=False)

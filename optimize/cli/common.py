@@ -13,6 +13,18 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def reset_consoles() -> None:
+    """Set both consoles up again from this run's environment and streams, as at start-up.
+
+    rich reads COLUMNS, NO_COLOR, FORCE_COLOR, TERM and whether the stream is a terminal when a
+    console is made. Made once at import, the consoles would keep the first run's settings when
+    `main()` runs again in the same process (the tests run it in-process). They are set up in
+    place because the command modules hold them by name.
+    """
+    for each in (console, err_console):
+        each.__init__(stderr=each.stderr)  # type: ignore[misc]
+
+
 def print_json(obj: Any) -> None:
     """Machine output: plain JSON on stdout, nothing else."""
     from optimize.files import _json_default

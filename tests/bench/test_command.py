@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from optimize.report import load_report
-from tests.cli_helpers import assert_clean_error, run_lto
+from tests.cli_helpers import assert_clean_error, run_cli, run_lto
 from tests.conftest import make_matmul_model, sample_path
 
 FAST = ["--warmup", "2", "--min-runs", "10", "--runs", "30", "--time", "1"]
@@ -15,7 +15,7 @@ FAST = ["--warmup", "2", "--min-runs", "10", "--runs", "30", "--time", "1"]
 
 def test_bench_json_report_is_valid_and_complete(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    proc = run_lto("bench", tiny_model, "--batch", "1,4", *FAST, "-o", out, "--json")
+    proc = run_cli("bench", tiny_model, "--batch", "1,4", *FAST, "-o", out, "--json")
     assert proc.returncode == 0, proc.stderr
     printed = json.loads(proc.stdout)
     saved = load_report(out)
@@ -28,7 +28,7 @@ def test_bench_json_report_is_valid_and_complete(tiny_model: Path, tmp_path: Pat
 
 def test_bench_table_output_and_markdown(tiny_model: Path, tmp_path: Path) -> None:
     md = tmp_path / "bench.md"
-    proc = run_lto("bench", tiny_model, *FAST, "--markdown", md)
+    proc = run_cli("bench", tiny_model, *FAST, "--markdown", md)
     assert proc.returncode == 0, proc.stderr
     assert "latency in ms" in proc.stdout and "p99.9" in proc.stdout and "tiny@b1" in proc.stdout
     assert "## Latency" in md.read_text()
@@ -36,7 +36,7 @@ def test_bench_table_output_and_markdown(tiny_model: Path, tmp_path: Path) -> No
 
 def test_bench_bert_with_named_dim(tmp_path: Path) -> None:
     model = sample_path("bert_tiny.onnx")
-    proc = run_lto("bench", model, "--shape", "sequence=16", *FAST, "--json")
+    proc = run_cli("bench", model, "--shape", "sequence=16", *FAST, "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert {t["name"]: t["shape"] for t in report["input_spec"]["inputs"]}["input_ids"] == [1, 16]
@@ -46,7 +46,7 @@ def test_bench_bert_with_named_dim(tmp_path: Path) -> None:
 def test_compare_reports_ratio_with_ci(tmp_path: Path) -> None:
     a = make_matmul_model(tmp_path / "a.onnx", features=64, out=64)
     b = make_matmul_model(tmp_path / "b.onnx", features=64, out=64, extra_work=8)
-    proc = run_lto("bench", a, "--compare", b, "--batch", "16", *FAST, "--json")
+    proc = run_cli("bench", a, "--compare", b, "--batch", "16", *FAST, "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     (tmp_path / "c.json").write_text(proc.stdout)
@@ -58,27 +58,27 @@ def test_compare_reports_ratio_with_ci(tmp_path: Path) -> None:
     # Each side ran in a worker process of its own, and the report says how apart they were.
     assert comparison["process"] == "own worker per side"
     assert comparison["isolation"]["blocks_not_idle_after_wait"] >= 0
-    assert "block pairs, each side in its own process" in run_lto("report", tmp_path / "c.json").stdout
+    assert "block pairs, each side in its own process" in run_cli("report", tmp_path / "c.json").stdout
 
 
 @pytest.mark.slow
 def test_bench_user_errors_are_one_line(tiny_model: Path, tmp_path: Path) -> None:
-    assert_clean_error(run_lto("bench", tmp_path / "missing.onnx"), 2, "not found")
-    assert_clean_error(run_lto("bench", tiny_model, "--shape", "x=1x"), 2, "--shape")
-    assert_clean_error(run_lto("bench", tiny_model, "--batch", "1,zero"), 2, "--batch")
+    assert_clean_error(run_cli("bench", tmp_path / "missing.onnx"), 2, "not found")
+    assert_clean_error(run_cli("bench", tiny_model, "--shape", "x=1x"), 2, "--shape")
+    assert_clean_error(run_cli("bench", tiny_model, "--batch", "1,zero"), 2, "--batch")
     np.savez(tmp_path / "bad.npz", x=np.zeros((1, 16), dtype=np.int32))
-    assert_clean_error(run_lto("bench", tiny_model, "--input-data", tmp_path / "bad.npz"), 2, "int32")
-    assert_clean_error(run_lto("bench", tiny_model, "--opt-level", "max"), 2, "optimization level")
-    assert_clean_error(run_lto("bench"), 2, "MODEL")
+    assert_clean_error(run_cli("bench", tiny_model, "--input-data", tmp_path / "bad.npz"), 2, "int32")
+    assert_clean_error(run_cli("bench", tiny_model, "--opt-level", "max"), 2, "optimization level")
+    assert_clean_error(run_cli("bench"), 2, "MODEL")
     bert = sample_path("bert_tiny.onnx")
-    assert_clean_error(run_lto("bench", bert), 2, "sequence", "--shape")
+    assert_clean_error(run_cli("bench", bert), 2, "sequence", "--shape")
 
 
 @pytest.mark.slow
 def test_repeat_runs_each_repetition_in_a_fresh_process(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "repeated.json"
     args = ["--repeat", "3", "--warmup", "2", "--time", "0.2"]
-    proc = run_lto("bench", tiny_model, *args, "-o", out, "--json")
+    proc = run_cli("bench", tiny_model, *args, "-o", out, "--json")
     assert proc.returncode == 0, proc.stderr
     report = load_report(out)
     (m,) = report["results"]
@@ -98,31 +98,31 @@ def test_repeat_runs_each_repetition_in_a_fresh_process(tiny_model: Path, tmp_pa
 
 def test_repeat_passes_a_childs_error_on_as_one_line(tmp_path: Path) -> None:
     bert = sample_path("bert_tiny.onnx")
-    assert_clean_error(run_lto("bench", bert, "--repeat", "2", "--time", "0.1"), 2, "sequence", "--shape")
+    assert_clean_error(run_cli("bench", bert, "--repeat", "2", "--time", "0.1"), 2, "sequence", "--shape")
     assert_clean_error(
-        run_lto("bench", bert, "--compare", bert, "--repeat", "2"), 2, "--repeat applies to a single target"
+        run_cli("bench", bert, "--compare", bert, "--repeat", "2"), 2, "--repeat applies to a single target"
     )
 
 
 @pytest.mark.slow
 def test_minimum_runs_and_time_win_over_the_maxima(tiny_model: Path) -> None:
     args = ["--warmup", "1", "--min-runs", "400", "--runs", "400", "--time", "0.01"]
-    proc = run_lto("bench", tiny_model, *args, "--json")
+    proc = run_cli("bench", tiny_model, *args, "--json")
     assert proc.returncode == 0, proc.stderr
     (m,) = json.loads(proc.stdout)["results"]
     assert m["runs"] >= 400  # --time 10 ms would have stopped it far earlier
     assert m["too_few_runs_for"] == {"p999": 3688, "p99": 368} or m["too_few_runs_for"] == {"p999": 3688}
-    proc = run_lto("bench", tiny_model, "--warmup", "1", "--min-time", "0.5", "--time", "1", "--runs", "20",
+    proc = run_cli("bench", tiny_model, "--warmup", "1", "--min-time", "0.5", "--time", "1", "--runs", "20",
                    "--json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     (m,) = json.loads(proc.stdout)["results"]
     assert m["wall_s"] >= 0.5 and m["runs"] > 20  # the minimum time outlasts --runs
-    assert_clean_error(run_lto("bench", tiny_model, "--min-runs", "50", "--runs", "10"), 2, "--min-runs 50")
-    assert_clean_error(run_lto("bench", tiny_model, "--min-time", "5s", "--time", "1s"), 2, "--min-time")
+    assert_clean_error(run_cli("bench", tiny_model, "--min-runs", "50", "--runs", "10"), 2, "--min-runs 50")
+    assert_clean_error(run_cli("bench", tiny_model, "--min-time", "5s", "--time", "1s"), 2, "--min-time")
 
 
 def test_help_says_which_limits_are_maxima_and_minima() -> None:
-    proc = run_lto("bench", "--help")
+    proc = run_cli("bench", "--help")
     text = " ".join(proc.stdout.split())
     assert "At most this many timed runs" in text and "At most this much time" in text
     assert "At least this many timed runs" in text and "--min-time" in text and "--repeat" in text
@@ -133,6 +133,7 @@ def test_bench_table_keeps_every_number_at_80_columns_when_piped(tmp_path: Path)
     # 400 runs: p90 and p99 are estimated, not starred, so the fixture's table fits 80 columns
     # at the label's 8-character floor (test_a_table_too_wide_for_the_console_keeps_its_numbers).
     runs = ["--warmup", "2", "--min-runs", "400", "--runs", "400", "--time", "1"]
+    # Needs a process: the width a process takes from COLUMNS at start-up, printing into a pipe.
     proc = run_lto("bench", model, "--batch", "1,8", *runs, "-o", tmp_path / "r.json", env={"COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr
     report = load_report(tmp_path / "r.json")

@@ -10,7 +10,7 @@ import pytest
 import typer
 
 from optimize.cli import app
-from tests.cli_helpers import assert_clean_error, run_lto
+from tests.cli_helpers import assert_clean_error, run_cli
 from tests.conftest import make_matmul_model
 
 
@@ -40,14 +40,14 @@ def test_a_short_flag_means_one_thing_in_every_command() -> None:
 def test_load_percentile_duration_and_output_spellings(tmp_path: Path) -> None:
     model = make_matmul_model(tmp_path / "tiny.onnx", features=16, out=4)
     out = tmp_path / "load.json"
-    proc = run_lto("load", model, "--requests", "20", "--percentile", "p99.9", "--duration", "1.5s",
+    proc = run_cli("load", model, "--requests", "20", "--percentile", "p99.9", "--duration", "1.5s",
                    "--slo-ms", "60000", "-o", out)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert report["settings"]["percentile"] == 99.9 and report["settings"]["duration_s"] == 1.5
     # The old spellings still work: a bare number, and --report (hidden, with a warning).
     old = tmp_path / "old.json"
-    proc = run_lto("load", model, "--requests", "20", "--percentile", "99", "--report", old)
+    proc = run_cli("load", model, "--requests", "20", "--percentile", "99", "--report", old)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "--report is deprecated, use --output" in proc.stderr
     assert json.loads(old.read_text())["settings"]["percentile"] == 99.0
@@ -55,8 +55,8 @@ def test_load_percentile_duration_and_output_spellings(tmp_path: Path) -> None:
 
 def test_bad_units_and_removed_short_flags_are_usage_errors(tmp_path: Path) -> None:
     model = make_matmul_model(tmp_path / "tiny.onnx", features=16, out=4)
-    assert_clean_error(run_lto("load", model, "--percentile", "p100"), 2, "--percentile", "p99")
-    assert_clean_error(run_lto("bench", model, "--time", "1h30x"), 2, "bad duration '1h30x' for --time")
+    assert_clean_error(run_cli("load", model, "--percentile", "p100"), 2, "--percentile", "p99")
+    assert_clean_error(run_cli("bench", model, "--time", "1h30x"), 2, "bad duration '1h30x' for --time")
     # `lto gate` spells --baseline and --candidate out: -b is --batch and -c --concurrency elsewhere.
-    proc = run_lto("gate", "-b", model, "-c", model, "--rerun")
+    proc = run_cli("gate", "-b", model, "-c", model, "--rerun")
     assert proc.returncode == 2 and "No such option" in proc.stderr

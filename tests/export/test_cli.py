@@ -10,11 +10,12 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from optimize.export.batching import BatchProfile, plan_batching
-from tests.cli_helpers import assert_clean_error, run_lto
+from tests.cli_helpers import assert_clean_error, run_cli, run_lto
 from tests.export.conftest import ArtifactMaker
 
 
 def test_help_shows_examples_and_the_serving_commands() -> None:
+    # Needs a process: help starts in an interpreter that has imported only what help needs.
     proc = run_lto("export", "--help")
     assert proc.returncode == 0
     for needle in ("Examples", "--triton", "tritonserver --model-repository", "kubectl apply -f"):
@@ -25,10 +26,10 @@ def test_help_shows_examples_and_the_serving_commands() -> None:
 def test_json_export_with_a_profile_lto_bench_measured(make_artifact: ArtifactMaker, tmp_path: Path) -> None:
     artifact = make_artifact()
     bench = tmp_path / "bench.json"
-    proc = run_lto("bench", "--artifact", artifact, "--batch", "1,2,4", "--time", "0.2s", "-o", bench)
+    proc = run_cli("bench", "--artifact", artifact, "--batch", "1,2,4", "--time", "0.2s", "-o", bench)
     assert proc.returncode == 0, proc.stderr
     repo = tmp_path / "repo"
-    proc = run_lto(
+    proc = run_cli(
         "export", artifact, "--triton", repo, "--name", "mlp", "--batch-profile", bench,
         "--slo-ms", "1000", "--instances", "2", "--json",
     )  # fmt: skip
@@ -55,9 +56,9 @@ def test_json_export_with_a_profile_lto_bench_measured(make_artifact: ArtifactMa
 def test_a_profile_of_another_model_is_refused(make_artifact: ArtifactMaker, tmp_path: Path) -> None:
     artifact = make_artifact()
     bench = tmp_path / "bench.json"
-    proc = run_lto("bench", "sample_models/mlp_small.onnx", "--time", "0.1s", "-o", bench)
+    proc = run_cli("bench", "sample_models/mlp_small.onnx", "--time", "0.1s", "-o", bench)
     assert proc.returncode == 0, proc.stderr
-    proc = run_lto(
+    proc = run_cli(
         "export", artifact, "--triton", tmp_path / "repo", "--batch-profile", bench, "--slo-ms", "5"
     )
     assert_clean_error(proc, 2, "measured another model")
@@ -69,16 +70,16 @@ def test_refusals_are_one_line(make_artifact: ArtifactMaker, tmp_path: Path) -> 
     ort = make_artifact()
     repo = tmp_path / "repo"
     assert_clean_error(
-        run_lto("export", ort, "--triton", repo, "--batch-profile", "b.json", "--measure-batches", "1,2"),
+        run_cli("export", ort, "--triton", repo, "--batch-profile", "b.json", "--measure-batches", "1,2"),
         2,
         "not both",
     )
-    assert_clean_error(run_lto("export", make_artifact(backend="tvm"), "--triton", repo), 2, "no TVM backend")
+    assert_clean_error(run_cli("export", make_artifact(backend="tvm"), "--triton", repo), 2, "no TVM backend")
     (repo / "mine").mkdir(parents=True)
     (repo / "mine" / "notes.txt").write_text("keep me")
-    assert_clean_error(run_lto("export", ort, "--triton", repo, "--name", "mine"), 2, "lto did not export")
+    assert_clean_error(run_cli("export", ort, "--triton", repo, "--name", "mine"), 2, "lto did not export")
     assert (repo / "mine" / "notes.txt").read_text() == "keep me"
     assert_clean_error(
-        run_lto("export", ort, "--triton", repo, "--name", "a/b"), 2, "not a Triton model folder"
+        run_cli("export", ort, "--triton", repo, "--name", "a/b"), 2, "not a Triton model folder"
     )
-    assert_clean_error(run_lto("export", tmp_path / "nothing", "--triton", repo), 2, "does not exist")
+    assert_clean_error(run_cli("export", tmp_path / "nothing", "--triton", repo), 2, "does not exist")

@@ -26,7 +26,7 @@ from optimize.gate import (
     pick_measurement,
 )
 from optimize.stats import bootstrap_ratio_ci
-from tests.cli_helpers import assert_clean_error, run_lto
+from tests.cli_helpers import assert_clean_error, run_cli, run_lto
 from tests.conftest import SAMPLES, make_matmul_model, sample_path
 from tests.models import add_extra_work, count_macs
 
@@ -452,7 +452,7 @@ def reports(tmp_path: Path) -> dict[str, Path]:
                            ("other_machine", 12, "inconclusive"), ("one_process", 12, "inconclusive")]
 )  # fmt: skip
 def test_cli_exit_codes_and_json(reports: dict[str, Path], which: str, code: int, verdict: str) -> None:
-    proc = run_lto("gate", "--baseline", reports["base"], "--candidate", reports[which], "--json")
+    proc = run_cli("gate", "--baseline", reports["base"], "--candidate", reports[which], "--json")
     assert proc.returncode == code, proc.stderr
     data = json.loads(proc.stdout)
     assert data["verdict"] == verdict and data["exit_code"] == code
@@ -465,6 +465,7 @@ def test_cli_exit_codes_and_json(reports: dict[str, Path], which: str, code: int
 
 
 def test_cli_table_and_markdown(reports: dict[str, Path], tmp_path: Path) -> None:
+    # Needs a process: CI reads the verdict from the exit status of the real `lto gate`.
     summary = tmp_path / "summary.md"
     proc = run_lto("gate", "--baseline", reports["base"], "--candidate", reports["slow"],
                    "--max-regression", "0.1", "--markdown", summary)  # fmt: skip
@@ -482,7 +483,7 @@ def test_markdown_says_when_an_input_was_unstable(reports: dict[str, Path], tmp_
     report["results"][0]["stability"].update(stable=False, reasons=["the repetitions disagree: p50 1..2 ms"])
     (tmp_path / "shaky.json").write_text(json.dumps(report))
     summary = tmp_path / "summary.md"
-    proc = run_lto("gate", "--baseline", reports["base"], "--candidate", tmp_path / "shaky.json",
+    proc = run_cli("gate", "--baseline", reports["base"], "--candidate", tmp_path / "shaky.json",
                    "--markdown", summary)  # fmt: skip
     assert proc.returncode == 12
     text = summary.read_text()
@@ -496,7 +497,7 @@ def test_cli_output_is_a_valid_gate_report(reports: dict[str, Path], tmp_path: P
     from optimize.report import load_report
 
     out = tmp_path / "gate.json"
-    proc = run_lto("gate", "--baseline", reports["base"], "--candidate", reports["same"], "-o", out)
+    proc = run_cli("gate", "--baseline", reports["base"], "--candidate", reports["same"], "-o", out)
     assert proc.returncode == 0, proc.stderr
     report = load_report(out)  # validates against the schema
     assert report["kind"] == "gate" and report["gate"]["verdict"] == "pass"
@@ -519,7 +520,7 @@ def test_metric_and_budget_options(tmp_path: Path) -> None:
         strict = gate_reports(slow, baseline_file=base, settings=GateSettings(metric))
         loose = gate_reports(slow, baseline_file=base, settings=GateSettings(metric, max_regression=0.5))
         assert (strict.verdict, loose.verdict) == (REGRESSED, PASS), (metric, strict.reason, loose.reason)
-    proc = run_lto(
+    proc = run_cli(
         "gate", "--baseline", base, "--candidate", slow, "-m", "p99", "--max-regression", "50%", "--json"
     )
     assert proc.returncode == 0, proc.stderr
@@ -539,7 +540,7 @@ def test_cli_picks_the_final_measurement_or_the_label(tmp_path: Path) -> None:
         picked.verdict == REGRESSED and picked.candidate is not None and picked.candidate.label == "original"
     )
     assert_clean_error(
-        run_lto("gate", "--baseline", base, "--candidate", tmp_path / "c.json", "--label", "nope"),
+        run_cli("gate", "--baseline", base, "--candidate", tmp_path / "c.json", "--label", "nope"),
         2,
         "no measurement labelled",
     )
@@ -556,23 +557,23 @@ def test_cli_picks_the_final_measurement_or_the_label(tmp_path: Path) -> None:
 )
 def test_cli_usage_errors(reports: dict[str, Path], args: list[str], needle: str) -> None:
     assert_clean_error(
-        run_lto("gate", "--baseline", reports["base"], "--candidate", reports["same"], *args), 2, needle
+        run_cli("gate", "--baseline", reports["base"], "--candidate", reports["same"], *args), 2, needle
     )
 
 
 def test_cli_missing_or_sampleless_reports(reports: dict[str, Path], tmp_path: Path) -> None:
     assert_clean_error(
-        run_lto("gate", "--baseline", tmp_path / "nope.json", "--candidate", reports["same"]), 2, "not found"
+        run_cli("gate", "--baseline", tmp_path / "nope.json", "--candidate", reports["same"]), 2, "not found"
     )
     report = json.loads(reports["same"].read_text())
     report["results"][0]["samples_ms"] = report["results"][0]["samples_ms"][:-5]
     (tmp_path / "cut.json").write_text(json.dumps(report))
     assert_clean_error(
-        run_lto("gate", "--baseline", reports["base"], "--candidate", tmp_path / "cut.json"),
+        run_cli("gate", "--baseline", reports["base"], "--candidate", tmp_path / "cut.json"),
         2,
         "do not add up to its samples_ms",
     )
-    proc = run_lto("gate", "--baseline", reports["base"], "--candidate", reports["one_process"])
+    proc = run_cli("gate", "--baseline", reports["base"], "--candidate", reports["one_process"])
     assert proc.returncode == 12 and "too few repetitions" in proc.stdout
 
 
@@ -598,10 +599,10 @@ def test_baseline_dir_lifecycle(reports: dict[str, Path], tmp_path: Path) -> Non
         return json.loads(reports[which].read_text())["results"]
 
     # No baseline yet: inconclusive (exit 12); --update-baseline stores the candidate.
-    proc = run_lto("gate", "--baseline-dir", bdir, "--candidate", reports["base"], "--json")
+    proc = run_cli("gate", "--baseline-dir", bdir, "--candidate", reports["base"], "--json")
     assert proc.returncode == 12 and "no baseline stored" in json.loads(proc.stdout)["reason"]
     assert not stored.exists()
-    proc = run_lto(
+    proc = run_cli(
         "gate", "--baseline-dir", bdir, "--candidate", reports["base"], "--update-baseline", "--json"
     )
     assert proc.returncode == 12 and json.loads(proc.stdout)["baseline_written"] == str(stored)
@@ -652,12 +653,12 @@ def test_baseline_dir_keeps_machines_apart(reports: dict[str, Path], tmp_path: P
     assert other.verdict == INCONCLUSIVE and "no baseline stored" in other.reason
     assert other.baseline_file == str(bdir / "0123456789abcdef" / "mlp.json")
     assert_clean_error(
-        run_lto("gate", "--baseline-dir", bdir, "--candidate", reports["base"], "--name", "../escape"),
+        run_cli("gate", "--baseline-dir", bdir, "--candidate", reports["base"], "--name", "../escape"),
         2,
         "bad baseline name",
     )
     assert_clean_error(
-        run_lto(
+        run_cli(
             "gate", "--baseline", reports["base"], "--baseline-dir", bdir, "--candidate", reports["same"]
         ),
         2,
@@ -693,7 +694,7 @@ def _model(tmp_path: Path) -> Path:
 def test_rerun_model_against_itself_is_not_regressed(tmp_path: Path) -> None:
     model = _model(tmp_path)
     summary = tmp_path / "s.md"
-    proc = run_lto("gate", "--rerun", "--baseline", model, "--candidate", model, "--shape", "batch=1",
+    proc = run_cli("gate", "--rerun", "--baseline", model, "--candidate", model, "--shape", "batch=1",
                    "--time", "2", "--json", "--markdown", summary)  # fmt: skip
     assert proc.returncode in (0, 12), (proc.stdout, proc.stderr)
     data = json.loads(proc.stdout)
@@ -711,7 +712,7 @@ def test_rerun_flags_a_much_slower_model(tmp_path: Path) -> None:
     slow = tmp_path / "slow.onnx"
     onnx.save(add_extra_work(onnx.load(str(model)), 3.0)[0], str(slow))
     out = tmp_path / "gate.json"
-    proc = run_lto("gate", "--rerun", "--baseline", model, "--candidate", slow, "--shape", "batch=1",
+    proc = run_cli("gate", "--rerun", "--baseline", model, "--candidate", slow, "--shape", "batch=1",
                    "--time", "3", "--json", "-o", out)  # fmt: skip
     data = json.loads(proc.stdout)
     assert proc.returncode == 11, (data["reason"], proc.stderr)
@@ -725,12 +726,12 @@ def test_rerun_flags_a_much_slower_model(tmp_path: Path) -> None:
 
 def test_rerun_usage_errors(tmp_path: Path) -> None:
     model = _model(tmp_path)
-    assert_clean_error(run_lto("gate", "--rerun", "--candidate", model), 2, "--rerun needs --baseline")
+    assert_clean_error(run_cli("gate", "--rerun", "--candidate", model), 2, "--rerun needs --baseline")
     assert_clean_error(
-        run_lto("gate", "--rerun", "--baseline", model, "--candidate", model, "--update-baseline"),
+        run_cli("gate", "--rerun", "--baseline", model, "--candidate", model, "--update-baseline"),
         2,
         "apply to reports",
     )
     assert_clean_error(
-        run_lto("gate", "--rerun", "--baseline", tmp_path / "nope.onnx", "--candidate", model), 2, "not found"
+        run_cli("gate", "--rerun", "--baseline", tmp_path / "nope.onnx", "--candidate", model), 2, "not found"
     )

@@ -21,7 +21,7 @@ from optimize.pipeline.request import apply_overrides, choose_recipe, parse_accu
 from optimize.recipes import Recipe
 from optimize.report import load_report
 from optimize.stage import Candidate, Stage, StageContext
-from tests.cli_helpers import run_lto
+from tests.cli_helpers import run_cli
 from tests.conftest import make_matmul_model
 from tests.pipeline.test_pipeline import FakeBench, FakeStage, by_label, model_candidate, write_recipe
 from tests.test_accuracy import make_head_model
@@ -290,7 +290,7 @@ def test_cli_accuracy_flags_into_report_and_manifest(tmp_path: Path) -> None:
     model = make_matmul_model(tmp_path / "tiny.onnx")
     recipe = write_recipe(tmp_path, ["operator-fusion"])
     out = tmp_path / "art"
-    proc = run_lto("optimize", model, "--recipe", recipe, "-o", out, "--json", "--accuracy",
+    proc = run_cli("optimize", model, "--recipe", recipe, "-o", out, "--json", "--accuracy",
                    "cosine>=0.95,rel<=0.5", "--min-top1", "0.9", "--task-metric", "y=embedding")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     accuracy = json.loads(proc.stdout)["optimize"]["accuracy"]
@@ -313,6 +313,6 @@ def test_cli_accuracy_flags_into_report_and_manifest(tmp_path: Path) -> None:
         (["--metric", "missing.py:score"], "--metric file not found: missing.py"),
         (["--eval-data", str(tmp_path / "none.npz")], "--eval-data file not found"),
     ):
-        bad = run_lto("optimize", model, "--recipe", recipe, "-o", tmp_path / "bad", *args)
+        bad = run_cli("optimize", model, "--recipe", recipe, "-o", tmp_path / "bad", *args)
         assert bad.returncode == 2, (args, bad.stderr)
         assert needle in bad.stderr and "Traceback" not in bad.stderr

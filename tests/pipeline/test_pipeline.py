@@ -674,6 +674,8 @@ def test_parse_duration() -> None:
 
 @pytest.mark.slow
 def test_cli_exit_codes_and_json(tmp_path: Path) -> None:
+    # Needs a process: the exit statuses of the real `lto optimize` (0 met, 3 missed, 2 usage),
+    # and stderr to the end of the interpreter, where shutdown would print what is left over.
     model = make_matmul_model(tmp_path / "tiny.onnx")
     recipe = write_recipe(tmp_path, ["operator-fusion", "tvm-tune"], "[stages.tvm-tune]\nenabled = false\n")
     out = tmp_path / "art"

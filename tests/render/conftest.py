@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from optimize.gate import EXIT_CODES
-from tests.cli_helpers import run_lto
+from tests.cli_helpers import run_cli
 from tests.conftest import sample_path
 
 KINDS = ("bench", "compare", "optimize", "load", "gate")
@@ -30,7 +30,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
     for kind, args in commands.items():
         # `lto optimize -o` names the artifact folder, which holds report.json
-        proc = run_lto(*args, "-o", paths[kind].parent if kind == "optimize" else paths[kind])
+        proc = run_cli(*args, "-o", paths[kind].parent if kind == "optimize" else paths[kind])
         # the gate exits with its verdict's code; the rest succeed
         ok = proc.returncode in EXIT_CODES.values() if kind == "gate" else proc.returncode == 0
         assert ok and paths[kind].is_file(), (kind, proc.returncode, proc.stderr[-2000:])

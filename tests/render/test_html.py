@@ -13,7 +13,7 @@ import pytest
 from optimize.report import load_report, write_report
 from optimize.serve.loadgen import HttpEndpoint, LoadSettings, MaxQpsSearch
 from optimize.serve.loadgen import load_report as make_load_report
-from tests.cli_helpers import run_lto
+from tests.cli_helpers import run_cli
 from tests.render.conftest import KINDS
 from tests.render.test_markdown import _step
 
@@ -38,7 +38,7 @@ def ms(value: float) -> str:
 
 def render(path: Path, tmp_path: Path) -> tuple[str, dict[str, tuple[bytes, str]]]:
     out = tmp_path / f"{path.stem}.html"
-    proc = run_lto("report", path, "--html", out)
+    proc = run_cli("report", path, "--html", out)
     assert proc.returncode == 0, proc.stderr
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
@@ -94,7 +94,7 @@ def test_a_gate_of_saved_reports_plots_each_repetition(tmp_path: Path) -> None:
     base = write_bench_report(tmp_path / "base.json", repetitions(reps=6, seed=1, runs=60, between=0.01))
     slow = write_bench_report(tmp_path / "slow.json", repetitions(1.3, reps=6, seed=2, runs=60, between=0.01))
     out = tmp_path / "gate.json"
-    proc = run_lto("gate", "--baseline", base, "--candidate", slow, "-o", out)
+    proc = run_cli("gate", "--baseline", base, "--candidate", slow, "-o", out)
     assert proc.returncode == 11, proc.stdout + proc.stderr
     gate = load_report(out)["gate"]
     _, found = render(out, tmp_path)
@@ -127,7 +127,7 @@ def test_a_max_qps_search_plots_latency_against_load(tmp_path: Path) -> None:
 def test_markdown_to_a_file_links_the_same_images(reports: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "bench.md"
     page_path = tmp_path / "bench.html"
-    proc = run_lto("report", reports["bench"], "-o", out, "--html", page_path)
+    proc = run_cli("report", reports["bench"], "-o", out, "--html", page_path)
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     assert "## Plots" in text and "![Latency CDF](bench-latency_cdf.png)" in text
@@ -135,9 +135,9 @@ def test_markdown_to_a_file_links_the_same_images(reports: dict[str, Path], tmp_
     assert image.startswith(PNG)
     assert figures(page_path.read_text())["latency_cdf"][0] == image  # the very same picture
     # Written by lto, so a second run may replace them; a file lto did not write is refused.
-    assert run_lto("report", reports["bench"], "-o", out).returncode == 0
+    assert run_cli("report", reports["bench"], "-o", out).returncode == 0
     (tmp_path / "mine.md").write_text("my notes\n")
-    proc = run_lto("report", reports["bench"], "--html", tmp_path / "mine.md")
+    proc = run_cli("report", reports["bench"], "--html", tmp_path / "mine.md")
     assert proc.returncode == 2 and "lto did not write" in proc.stderr
 
 

@@ -16,7 +16,7 @@ from optimize.render.markdown import gate_section, render_markdown
 from optimize.report import load_report, new_report
 from optimize.serve.loadgen import HttpEndpoint, LoadResult, LoadSettings, MaxQpsSearch
 from optimize.serve.loadgen import load_report as make_load_report
-from tests.cli_helpers import run_lto
+from tests.cli_helpers import run_cli
 from tests.render.conftest import KINDS
 from tests.test_report import SAMPLE_MEASUREMENT
 
@@ -138,7 +138,7 @@ def test_lto_report_renders_every_kind_as_markdown_with_its_numbers(
 ) -> None:
     data = load_report(reports[kind])
     assert data["kind"] == kind
-    proc = run_lto("report", reports[kind])
+    proc = run_cli("report", reports[kind])
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     assert text.startswith(f"# lto {kind} report\n")
@@ -175,7 +175,7 @@ def test_lto_report_renders_every_kind_as_markdown_with_its_numbers(
 
 def test_lto_report_writes_the_same_markdown_to_a_file(reports: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "load.md"
-    proc = run_lto("report", reports["load"], "-o", out)
+    proc = run_cli("report", reports["load"], "-o", out)
     assert proc.returncode == 0, proc.stderr
     # the file also ends with lto's "may replace" marker
     assert out.read_text().startswith(render_markdown(json.loads(reports["load"].read_text())))

@@ -11,7 +11,7 @@ import pytest
 
 from optimize.serve.app import LoadOptions, _validate_child
 from optimize.serve.loadgen import LoadSettings
-from tests.cli_helpers import run_lto
+from tests.cli_helpers import run_cli
 
 
 def test_validate_echoes_the_complete_load_command(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,7 +44,7 @@ def test_validate_echoes_the_complete_load_command(monkeypatch: pytest.MonkeyPat
     (argv,) = launched
     assert argv[1:3] == ["-m", "optimize"] and argv[3:] == words[1:]
     # and the echoed flags are ones `lto load` accepts: it gets as far as dialling the server
-    proc = run_lto(*words[1:], timeout=60)
+    proc = run_cli(*words[1:], timeout=60)
     # exit code 3, "unreachable", not 1, "SLO missed"
     assert proc.returncode == 3, (proc.returncode, proc.stderr)
     assert "cannot reach" in proc.stderr and "Traceback" not in proc.stderr

@@ -30,7 +30,7 @@ from optimize.serve.loadgen import (
     parse_server_timing,
     run_load,
 )
-from tests.cli_helpers import run_lto
+from tests.cli_helpers import run_cli
 from tests.conftest import make_matmul_model
 from tests.serve.helpers import SleepBackend
 
@@ -204,7 +204,7 @@ def test_report_is_valid_in_the_shared_schema() -> None:
 def test_lto_load_in_process_writes_a_report_and_exits_with_the_verdict(tmp_path: Path) -> None:
     model = make_matmul_model(tmp_path / "tiny.onnx", features=16, out=4)
     report_path = tmp_path / "load.json"
-    ok = run_lto(
+    ok = run_cli(
         "load", model, "--concurrency", "4", "--requests", "200", "--slo-ms", "60000", "-o", report_path
     )
     assert ok.returncode == 0, ok.stdout + ok.stderr
@@ -214,11 +214,11 @@ def test_lto_load_in_process_writes_a_report_and_exits_with_the_verdict(tmp_path
     assert report["kind"] == "load" and report["load"]["runs"][0]["completed_ok"] == 200
     assert report["load"]["server"]["signature"]["batchable"] is True
 
-    fail = run_lto("load", model, "--requests", "50", "--slo-ms", "0.0001")
+    fail = run_cli("load", model, "--requests", "50", "--slo-ms", "0.0001")
     assert fail.returncode == 1
     assert "verdict: FAIL" in fail.stdout and "above the SLO" in fail.stdout
 
-    bad = run_lto("load", model, "--qps", "-3", "--requests", "5")
+    bad = run_cli("load", model, "--qps", "-3", "--requests", "5")
     assert bad.returncode == 2 and "--qps must be positive" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -226,7 +226,7 @@ def test_lto_load_in_process_writes_a_report_and_exits_with_the_verdict(tmp_path
 def test_lto_serve_validate_runs_load_over_http_and_exits_with_the_verdict(tmp_path: Path) -> None:
     model = make_matmul_model(tmp_path / "tiny.onnx", features=16, out=4)
     report_path = tmp_path / "validate.json"
-    proc = run_lto("serve", model, "--port", "0", "--validate", "--qps", "100", "--requests", "200",
+    proc = run_cli("serve", model, "--port", "0", "--validate", "--qps", "100", "--requests", "200",
                    "--slo-ms", "60000", "--output", report_path, timeout=240)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verdict: PASS" in proc.stdout and "drained" in proc.stdout
@@ -236,7 +236,7 @@ def test_lto_serve_validate_runs_load_over_http_and_exits_with_the_verdict(tmp_p
     assert run0["completed_ok"] == 200 and run0["mode"] == "poisson"
     assert {"decode", "queue", "model", "encode", "network_http"} <= set(run0["breakdown_ms"])
 
-    fail = run_lto("serve", model, "--port", "0", "--validate", "--requests", "30", "--slo-ms", "0.0001",
+    fail = run_cli("serve", model, "--port", "0", "--validate", "--requests", "30", "--slo-ms", "0.0001",
                    timeout=240)  # fmt: skip
     assert fail.returncode == 1 and "verdict: FAIL" in fail.stdout
 
@@ -267,7 +267,7 @@ def test_lto_load_drives_an_artifact_in_process(tmp_path: Path) -> None:
     assert why is None and row is not None and row["x"].shape == (1, 16)  # one row of the spec's batch 8
 
     report_path = tmp_path / "load.json"
-    proc = run_lto("load", "--artifact", art, "--requests", "100", "--slo-ms", "60000", "-o", report_path)
+    proc = run_cli("load", "--artifact", art, "--requests", "100", "--slo-ms", "60000", "-o", report_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(report_path.read_text())
     validate_report(report)
@@ -279,11 +279,11 @@ def test_lto_load_drives_an_artifact_in_process(tmp_path: Path) -> None:
 def test_lto_load_and_serve_refuse_bad_targets_with_one_line(tmp_path: Path) -> None:
     from tests.cli_helpers import assert_clean_error
 
-    assert_clean_error(run_lto("load", "http://127.0.0.1:9", "--requests", "5"), 3, "cannot reach")
-    assert_clean_error(run_lto("load", tmp_path / "missing.onnx", "--requests", "5"), 2, "model not found")
-    assert_clean_error(run_lto("serve"), 2, "give a MODEL.onnx or --artifact")
+    assert_clean_error(run_cli("load", "http://127.0.0.1:9", "--requests", "5"), 3, "cannot reach")
+    assert_clean_error(run_cli("load", tmp_path / "missing.onnx", "--requests", "5"), 2, "model not found")
+    assert_clean_error(run_cli("serve"), 2, "give a MODEL.onnx or --artifact")
     model = make_matmul_model(tmp_path / "m.onnx")
-    assert_clean_error(run_lto("serve", model, "--qps", "5"), 2, "apply to --validate")
+    assert_clean_error(run_cli("serve", model, "--qps", "5"), 2, "apply to --validate")
 
 
 def test_instances_split_the_cores_even_when_the_artifact_was_tuned_alone(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from optimize.runtimes.backends import open_backend
 from optimize.serve.batcher import Batcher, BatcherConfig
 from optimize.serve.loading import input_limits
 from optimize.serve.server import InferenceServer, ServerConfig
-from tests.cli_helpers import ROOT, run_lto
+from tests.cli_helpers import ROOT, run_cli
 from tests.serve.helpers import LocalClient, SleepBackend
 from tests.serve.test_server import _start_serve, infer_json
 
@@ -407,18 +407,18 @@ def test_lto_load_finds_dim_names_over_http_and_exits_1_only_when_the_slo_is_mis
     proc, url = _start_serve(str(BERT), "--threads", "1", "--max-inflight", "64", "--max-inflight-mb", "16",
                              "--read-timeout-s", "5", "--queue-timeout-ms", "10000")  # fmt: skip
     try:
-        ok = run_lto("load", url, "--model", "bert_tiny", "--shape", "sequence=16", "--requests", "20",
+        ok = run_cli("load", url, "--model", "bert_tiny", "--shape", "sequence=16", "--requests", "20",
                      "--warmup", "2", "--json", timeout=120)  # fmt: skip
         assert ok.returncode == 0, ok.stderr
         report = json.loads(ok.stdout)
         shapes = {t["name"]: t["shape"] for t in report["input_spec"]["inputs"]}
         assert shapes["input_ids"] == [1, 16]
         assert report["load"]["runs"][0]["completed_ok"] == 20
-        missed = run_lto("load", url, "--model", "bert_tiny", "--shape", "sequence=16", "--requests", "20",
+        missed = run_cli("load", url, "--model", "bert_tiny", "--shape", "sequence=16", "--requests", "20",
                          "--warmup", "2", "--slo-ms", "0.001", timeout=120)  # fmt: skip
         assert missed.returncode == 1, missed.stderr
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
-    gone = run_lto("load", url, "--model", "bert_tiny", "--requests", "5", timeout=60)
+    gone = run_cli("load", url, "--model", "bert_tiny", "--requests", "5", timeout=60)
     assert gone.returncode == 3 and "cannot reach" in gone.stderr

@@ -14,7 +14,7 @@ from optimize.pipeline import OptimizeRequest, optimize
 from optimize.pipeline.request import apply_overrides, stage_disabled_reason
 from optimize.recipes import load_recipe
 from optimize.runtimes.backends import open_backend, open_model
-from tests.cli_helpers import assert_clean_error, run_lto
+from tests.cli_helpers import assert_clean_error, run_cli
 from tests.pipeline.test_pipeline import FakeBench, write_recipe
 from tests.runtimes.openvino.helpers import SAMPLES, make_mlp
 
@@ -59,7 +59,7 @@ def test_runtime_conflicts_and_bad_values_are_usage_errors() -> None:
         _enabled("onnxruntime", enable=["openvino-quantize"])
     with pytest.raises(UsageError, match="--runtime 'tensorflow'"):
         OptimizeRequest(model_path=SAMPLES / "mlp_small.onnx", runtime="tensorflow").validate()
-    proc = run_lto("optimize", SAMPLES / "mlp_small.onnx", "--runtime", "tensorflow")
+    proc = run_cli("optimize", SAMPLES / "mlp_small.onnx", "--runtime", "tensorflow")
     assert_clean_error(proc, 2, "--runtime 'tensorflow'", "auto, onnxruntime, openvino")
 
 
@@ -117,12 +117,12 @@ def test_openvino_artifact_round_trip(tmp_path: Path) -> None:
     assert one.effective["INFERENCE_NUM_THREADS"] == 1
     np.testing.assert_allclose(one.run(x)["r3"], ov_out, rtol=1e-6, atol=1e-6)
     one.close()
-    proc = run_lto("bench", "--artifact", out, "--time", "0.5", "--json")
+    proc = run_cli("bench", "--artifact", out, "--time", "0.5", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["settings"]["runtime"]["backend"] == "openvino"
     assert report["settings"]["runtime"]["compiled_properties"]["INFERENCE_PRECISION_HINT"] == "f32"
-    proc = run_lto(
+    proc = run_cli(
         "gate", "--rerun", "--baseline", tmp_path / "mlp.onnx", "--candidate", out, "--time", "0.5s"
     )
     assert proc.returncode in (0, 10, 11, 12), proc.stderr  # a verdict, whichever: it ran both
@@ -163,7 +163,7 @@ def test_requirements_are_the_openvino_candidates_own(tmp_path: Path) -> None:
 
 
 def test_bench_runs_an_onnx_file_on_openvino() -> None:
-    proc = run_lto("bench", SAMPLES / "mlp_small.onnx", "--runtime", "openvino", "--time", "0.3", "--json")
+    proc = run_cli("bench", SAMPLES / "mlp_small.onnx", "--runtime", "openvino", "--time", "0.3", "--json")
     assert proc.returncode == 0, proc.stderr
     runtime = json.loads(proc.stdout)["settings"]["runtime"]
     assert runtime["backend"] == "openvino" and runtime["config"]["INFERENCE_PRECISION_HINT"] == "f32"
