@@ -12,7 +12,7 @@ from optimize.bench import BenchSettings, compare, measure, median_ci_rel_width
 from optimize.errors import InputError
 from optimize.inputs import resolve_inputs
 from optimize.runtimes.backends import open_backend
-from optimize.stats import bootstrap_ratio_ci, summarize
+from optimize.stats import BOOTSTRAP_MAX_SAMPLES, bootstrap_ci, bootstrap_ratio_ci, quantile_ci, summarize
 
 
 class CountingBackend(Backend):
@@ -144,6 +144,22 @@ def test_summarize_and_ratio_ci_on_known_distributions() -> None:
     assert ratio == pytest.approx(1.3) and lo <= 1.3 <= hi and lo > 1.2
     ratio, lo, hi = bootstrap_ratio_ci(base, rng.lognormal(0.0, 0.05, 2000))
     assert lo < 1.0 < hi
+
+
+def test_many_runs_get_an_order_statistic_interval_that_agrees_with_the_bootstrap() -> None:
+    """A fast model under --min-time gives 100,000+ runs: their interval must not cost a bootstrap
+    over every run (it took 20 s and 1.8 GB), and must say what the bootstrap says."""
+    rng = np.random.default_rng(1)
+    many = rng.lognormal(0.0, 0.3, 4 * BOOTSTRAP_MAX_SAMPLES)
+    for q in (50.0, 99.0):
+        lo, hi = quantile_ci(many, q)
+        b_lo, b_hi = bootstrap_ci(many, stat=lambda x, axis=None, q=q: np.percentile(x, q, axis=axis), n=300)
+        assert lo < np.percentile(many, q) < hi
+        assert lo == pytest.approx(b_lo, rel=0.01) and hi == pytest.approx(b_hi, rel=0.01)
+    assert summarize(many)["median_ci95"] == list(quantile_ci(many, 50.0))
+    # Few runs keep the bootstrap, as before.
+    few = many[:100]
+    assert quantile_ci(few, 50.0) == bootstrap_ci(few)
 
 
 def test_measure_on_onnxruntime_model(tiny_model: Path) -> None:
