@@ -713,7 +713,7 @@ def test_rerun_flags_a_much_slower_model(tmp_path: Path) -> None:
     onnx.save(add_extra_work(onnx.load(str(model)), 3.0)[0], str(slow))
     out = tmp_path / "gate.json"
     proc = run_cli("gate", "--rerun", "--baseline", model, "--candidate", slow, "--shape", "batch=1",
-                   "--time", "3", "--json", "-o", out)  # fmt: skip
+                   "--time", "2", "--json", "-o", out)  # fmt: skip
     data = json.loads(proc.stdout)
     assert proc.returncode == 11, (data["reason"], proc.stderr)
     assert [r["run"] for r in data["interleaved_runs"]] == [1, 2]  # confirmed by a second interleaved run
