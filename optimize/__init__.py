@@ -9,11 +9,24 @@ The command line is `lto`; the same work from Python (each function documents an
     with optimize.load("out/model") as model:
         outputs = model.run({"input": batch})
 
-Importing the package is cheap: heavy libraries load when a function first needs them.
+Importing the package is cheap: the API loads on first use of one of its names (so a worker
+process that imports one of lto's modules does not pay for the whole API), and heavy libraries
+load when a function first needs them.
 """
 
-from optimize.api import LoadedModel, bench_model, load, optimize_model
+from typing import Any
 
-__version__ = "0.1.0"
+from optimize.version import __version__
+
+_API = ("LoadedModel", "bench_model", "load", "optimize_model")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        from optimize import api  # the one lazy import of lto's own: see the docstring
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'optimize' has no attribute {name!r}")
+
 
 __all__ = ["LoadedModel", "__version__", "bench_model", "load", "optimize_model"]

@@ -11,7 +11,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from optimize.artifact import load_artifact
+from optimize.bench import BenchSettings
+from optimize.bench.command import BenchRequest, run_bench, run_compare
 from optimize.errors import UsageError
+from optimize.inputs import InputSpec, feeds_from_spec, parse_shape_args, split_shape_args
+from optimize.onnx_file import load_model
+from optimize.pipeline import OptimizeRequest, optimize
+from optimize.runtimes.backends import open_backend
 from optimize.units import parse_duration, parse_percentile_key
 
 if TYPE_CHECKING:
@@ -59,9 +66,6 @@ def optimize_model(
         print(result.verdict, result.report["optimize"]["speedup"])
     """
     from dataclasses import fields
-
-    from optimize.inputs import split_shape_args
-    from optimize.pipeline import OptimizeRequest, optimize
 
     known = {f.name for f in fields(OptimizeRequest)} - {"model_path", "target_ms", "out_dir"}
     known |= {"time_budget"}
@@ -127,9 +131,6 @@ def bench_model(
         print(report["results"][0]["latency_ms"]["p50"])
         baseline = optimize.bench_model("out/model", time="2s", repeat=10)
     """
-    from optimize.bench import BenchSettings
-    from optimize.bench.command import BenchRequest, run_bench, run_compare
-    from optimize.inputs import parse_shape_args
 
     batches = [batch] if isinstance(batch, int) else list(batch or [])
     if any(b < 1 for b in batches):
@@ -195,7 +196,6 @@ class LoadedModel:
 
     def example_inputs(self) -> dict[str, np.ndarray]:
         """The inputs the artifact was optimized and measured with (generated ones re-created)."""
-        from optimize.inputs import InputSpec, feeds_from_spec
 
         if self.manifest is None:
             raise UsageError("a plain model file records no inputs", "build feeds from .inputs")
@@ -225,18 +225,14 @@ def load(artifact: str | Path) -> LoadedModel:
         with optimize.load("out/model") as model:
             outputs = model.run({"input": batch})   # {"logits": array, ...}
     """
-    from optimize.runtimes.backends import open_backend
 
     path = Path(artifact)
     if path.is_dir():
-        from optimize.artifact import load_artifact
-
         loaded = load_artifact(path)
         backend = open_backend(loaded.backend, loaded.model_path, loaded.runtime_config)
         return LoadedModel(backend, loaded.manifest, list(loaded.warnings))
     if not path.is_file():
         raise UsageError(f"artifact not found: {path}", "give the directory lto optimize wrote")
-    from optimize.onnx_file import load_model
 
     load_model(path, load_external_data=False)  # a clear error for a file that is not ONNX
     return LoadedModel(open_backend("onnxruntime", path), None, [])

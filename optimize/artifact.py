@@ -20,11 +20,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from optimize.env import VNNI_FLAGS, has_vnni, nchwc_block_width
+from optimize.backend import check_thread_settings
+from optimize.env import (
+    VNNI_FLAGS,
+    cpu_isa_flags,
+    environment,
+    has_vnni,
+    machine_fingerprint,
+    nchwc_block_width,
+)
 from optimize.errors import ModelError, UsageError
 from optimize.files import atomic_directory, sha256_file, write_json_atomic, write_markdown_atomic
 from optimize.onnx_file import NCHWC_DOMAIN, QUANT_OPS, external_data_paths, iter_nodes, load_model
+from optimize.render.html_page import artifact_pages
 from optimize.runtime_model import RuntimeModel
+from optimize.version import __version__
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -165,8 +175,6 @@ def write_artifact(
     `out_dir` is replaced only under fsio.check_output_dir's rule (`force`: also a folder that
     looks like a damaged artifact).
     """
-    from optimize import __version__
-    from optimize.env import cpu_isa_flags, environment
 
     env = environment()
     with atomic_directory(out_dir, force=force) as staging:
@@ -176,7 +184,6 @@ def write_artifact(
         else:
             write_json_atomic(staging / "report.json", report)
         # The plots (plots/*.png) and report.html go in the same staging folder: all or nothing.
-        from optimize.render.html_page import artifact_pages
 
         write_markdown_atomic(staging / "report.md", artifact_pages(staging, report, report_md))
         manifest: dict[str, Any] = {
@@ -327,8 +334,6 @@ def _check_manifest_types(name: str, manifest: Mapping[str, Any]) -> None:
     if not is_a(manifest["requires"].get("arch"), (str, type(None))):
         raise bad("requires.arch", "a string", manifest["requires"]["arch"])
     # Thread counts: the same bound as --threads, so a manifest cannot start 100000 threads.
-    from optimize.backend import check_thread_settings
-    from optimize.errors import UsageError
 
     try:
         check_thread_settings(str(manifest["backend"]), manifest["runtime_config"])
@@ -344,8 +349,6 @@ def load_artifact(directory: str | Path, cpu_flags: Iterable[str] | None = None)
     warning: the artifact runs correctly, its recorded timings just do not apply.
     """
     import platform
-
-    from optimize.env import cpu_isa_flags, machine_fingerprint
 
     root = Path(directory)
     manifest = read_manifest(root)

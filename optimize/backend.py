@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from optimize.env import check_thread_count
 from optimize.errors import InputError, UsageError
 
 
@@ -40,7 +41,6 @@ THREAD_SETTINGS = ("intra_op_num_threads", "inter_op_num_threads", "num_threads"
 
 def check_thread_settings(kind: str, config: Mapping[str, Any]) -> None:
     """Refuse a thread count out of bounds in a runtime configuration (a recipe, a manifest, flags)."""
-    from optimize.env import check_thread_count
 
     for key in THREAD_SETTINGS:
         if config.get(key) is not None:

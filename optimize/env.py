@@ -13,6 +13,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from optimize.errors import UsageError
+from optimize.gpu import gpu_status
+
 # ISA flags that decide which kernels a runtime picks (and which compiled code can run).
 ISA_FLAGS_OF_INTEREST = (
     "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2",
@@ -94,7 +97,6 @@ def check_thread_count(value: Any, what: str, *, minimum: int = 0) -> int:
     The one bound for every thread option (flags, recipes, runtime configurations). With
     `minimum` 0, 0 means the runtime's default.
     """
-    from optimize.errors import UsageError
 
     bound, cores = max_threads(), os.cpu_count() or 1
     default = "0 lets the runtime choose; " if minimum == 0 else f"at least {minimum}, "
@@ -186,7 +188,6 @@ def machine_fingerprint() -> str:
 
 def environment() -> dict[str, Any]:
     """The environment block of every report."""
-    from optimize.gpu import gpu_status
 
     return {
         "fingerprint": machine_fingerprint(),

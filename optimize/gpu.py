@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from optimize.errors import BackendUnavailable
+
 PROC_VERSION = Path("/proc/driver/nvidia/version")
 
 # cuDeviceGetAttribute ids (cuda.h, stable since CUDA 5).
@@ -201,7 +203,6 @@ def gpu_status() -> GpuStatus:
 
 def require_gpu(what: str) -> GpuStatus:
     """The usable status, or BackendUnavailable naming `what` and the reason."""
-    from optimize.errors import BackendUnavailable
 
     status = gpu_status()
     if not status.usable:

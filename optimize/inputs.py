@@ -12,7 +12,11 @@ from typing import Any
 import numpy as np
 
 from optimize.backend import TensorSpec, check_feeds
+from optimize.env import available_memory
 from optimize.errors import InputError, UsageError
+from optimize.files import sha256_file
+from optimize.inspection import largest_activation
+from optimize.onnx_file import load_model
 from optimize.shapes import opt_shapes, parse_shape_ranges
 
 _SHAPE_ARG = re.compile(r"^\s*([^=\s]+)\s*=\s*([0-9xX,\s]+)\s*$")
@@ -121,8 +125,6 @@ def model_input_specs(model_path: str | Path) -> list[TensorSpec]:
     """Graph inputs (not initializers) of an ONNX file, read without its weights."""
     import onnx
 
-    from optimize.onnx_file import load_model
-
     model = load_model(model_path, load_external_data=False)
     initializers = {init.name for init in model.graph.initializer}
     specs = []
@@ -143,7 +145,6 @@ def model_input_specs(model_path: str | Path) -> list[TensorSpec]:
 
 def embedding_vocab_sizes(model_path: str | Path) -> dict[str, int]:
     """Input name -> rows of the embedding table it indexes (Gather on an initializer)."""
-    from optimize.onnx_file import load_model
 
     model = load_model(model_path, load_external_data=False)
     tables = {init.name: (int(init.dims[0]) if init.dims else 0) for init in model.graph.initializer}
@@ -338,7 +339,6 @@ def check_memory(
     estimate from shape inference, skipped when inference fails). A run that dies of
     MemoryError, or gets the machine swapping, after minutes of work helps nobody.
     """
-    from optimize.env import available_memory
 
     available = available_memory()
     if available is None or not tensors:
@@ -354,7 +354,6 @@ def check_memory(
         raise InputError(f"{where}, more than the {_gib(available)} of memory available", hint)
     if model_path is None or Path(model_path).suffix != ".onnx":
         return
-    from optimize.inspection import largest_activation
 
     largest = largest_activation(model_path, {name: shape for name, _, shape in tensors})
     if largest is not None and total + largest[2] > available:
@@ -562,7 +561,6 @@ def resolve_inputs(
     data shorter than --shape pins is padded (with a warning).
     Scalar inputs stay 0-d.
     """
-    from optimize.files import sha256_file
 
     shapes = dict(shapes or {})
     onnx_path = Path(model_path)

@@ -40,6 +40,7 @@ from optimize.onnx_file import (
     load_model,
     model_sha256,
     opset_version,
+    symbolic_infer_shapes,
     uses_external_data,
 )
 
@@ -234,8 +235,6 @@ def _inferred_model(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
 
     engine = "onnxruntime symbolic shape inference"
     try:
-        from optimize.onnx_file import symbolic_infer_shapes
-
         inferred = symbolic_infer_shapes(model)
     except Exception:
         # The symbolic engine asserts on graphs it does not understand; onnx's own inference is

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from optimize.errors import ModelError
+from optimize.files import sha256_file, write_bytes_atomic
 
 if TYPE_CHECKING:
     import onnx
@@ -251,7 +252,6 @@ def model_sha256(path: str | os.PathLike[str]) -> str:
     "<name> <sha256>" for the model file and each side file in sorted order, so that changing the
     weights changes the hash even though the .onnx file itself did not change.
     """
-    from optimize.files import sha256_file
 
     p = _existing_file(path)
     own = sha256_file(p)
@@ -363,8 +363,6 @@ def save_model(model: onnx.ModelProto, path: str | Path, external: bool | None =
     Weights go to `<name>.data` when asked, or when the model is too big for one protobuf.
     """
     import onnx
-
-    from optimize.files import write_bytes_atomic
 
     target = Path(path)
     strip_unused_opsets(model)

@@ -10,24 +10,33 @@ expected, so a typo never silently falls back to a default.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
-from jsonschema.validators import extend
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from optimize.errors import UsageError
 
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
+
 Schema = dict[str, Any]
 
-# TOML's `2.0` is a float: a count must be written as a whole number, and `true` is not 1.
-_TYPES = Draft202012Validator.TYPE_CHECKER.redefine_many(
-    {
-        "integer": lambda _, value: isinstance(value, int) and not isinstance(value, bool),
-        "number": lambda _, value: isinstance(value, (int, float)) and not isinstance(value, bool),
-    }
-)
-_Validator = extend(Draft202012Validator, type_checker=_TYPES)
+
+@cache
+def _validator_class() -> Any:
+    """jsonschema's Draft 2020-12 validator, with TOML's numbers: `2.0` is a float, so a count
+    must be written as a whole number, and `true` is not 1. Imported on first use: the runtime
+    specs declare schemas in every process, worker processes included, and only a few check one."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.validators import extend
+
+    types = Draft202012Validator.TYPE_CHECKER.redefine_many(
+        {
+            "integer": lambda _, value: isinstance(value, int) and not isinstance(value, bool),
+            "number": lambda _, value: isinstance(value, (int, float)) and not isinstance(value, bool),
+        }
+    )
+    return extend(Draft202012Validator, type_checker=types)
+
 
 _TYPE_WORDS = {
     "boolean": "a boolean",
@@ -121,7 +130,7 @@ def check_table(where: str, prefix: str, values: Any, properties: Mapping[str, S
         label = prefix or "the table"
         raise UsageError(f"{where}{label}: expected a table, got {values!r}")
     errors = sorted(
-        _Validator(schema).iter_errors(values),
+        _validator_class()(schema).iter_errors(values),
         key=lambda e: (list(values).index(e.path[0]) if e.path and e.path[0] in values else -1, list(e.path)),
     )
     if errors:

@@ -12,9 +12,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from optimize import __version__
+from optimize.env import environment
 from optimize.errors import UsageError
 from optimize.files import sha256_file, write_json_atomic
+from optimize.version import __version__
 
 SCHEMA_VERSION = "1.0"
 KINDS = ("bench", "compare", "optimize", "load", "gate")
@@ -39,7 +40,6 @@ def new_report(
     settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A report skeleton with the environment filled in; callers append to `results`."""
-    from optimize.env import environment
 
     if kind not in KINDS:
         raise ValueError(f"unknown report kind {kind!r}")

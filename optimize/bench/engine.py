@@ -17,6 +17,7 @@ import numpy as np
 
 from optimize.backend import Backend
 from optimize.env import CpuLoadMonitor
+from optimize.runtimes.worker import SubprocessBackend
 from optimize.stats import bootstrap_ratio_ci, full_chunks, interleaved_ratio_ci, summarize, tail_flags
 
 # A measurement is called unstable above these.
@@ -364,7 +365,6 @@ def measure_where_it_runs(
     """`measure`, run inside the process that hosts the model (a worker of its own, a TVM
     library isolated in a child), so that the inter-process round trip is not in the figure.
     `progress` is called only when the model runs here (a worker cannot call back mid-run)."""
-    from optimize.runtimes.worker import SubprocessBackend
 
     host = backend if isinstance(backend, SubprocessBackend) else getattr(backend, "host", None)
     if isinstance(host, SubprocessBackend):

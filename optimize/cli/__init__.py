@@ -8,7 +8,10 @@ import sys
 
 import typer
 
-from optimize import __version__
+from optimize import interrupts
+from optimize.cli.common import err_console, reset_consoles
+from optimize.errors import LtoError, first_line
+from optimize.version import __version__
 
 try:  # typer >= 0.29 vendors click; older releases depend on it
     from typer._click.exceptions import ClickException
@@ -60,9 +63,6 @@ for _name in COMMAND_MODULES:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every failure becomes one line on stderr and an exit code."""
-    from optimize import interrupts
-    from optimize.cli.common import err_console, reset_consoles
-    from optimize.errors import LtoError, first_line
 
     reset_consoles()
     interrupts.install_handlers()
@@ -101,8 +101,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def _interrupted(exc: KeyboardInterrupt) -> None:
     """One line that says which signal stopped what, then its exit code (130 or 143)."""
-    from optimize import interrupts
-    from optimize.cli.common import err_console
 
     doing = interrupts.activity()
     err_console.print(

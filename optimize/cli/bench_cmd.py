@@ -7,6 +7,9 @@ from typing import Any
 
 import typer
 
+from optimize import interrupts
+from optimize.bench import BenchSettings
+from optimize.bench.command import BenchRequest, parse_batches, run_bench, run_compare
 from optimize.cli.common import (
     DURATION_UNITS_HELP,
     InputDataOption,
@@ -17,6 +20,13 @@ from optimize.cli.common import (
     err_console,
     print_json,
 )
+from optimize.env import check_thread_count
+from optimize.errors import UsageError
+from optimize.files import check_output_file, write_markdown_atomic
+from optimize.inputs import parse_shape_args
+from optimize.render.markdown import render_markdown
+from optimize.render.terminal import BudgetProgress, render_measurements
+from optimize.report import write_report
 from optimize.units import duration_parser
 
 EPILOG = """
@@ -119,15 +129,6 @@ def bench(
     json_out: bool = JsonOption,
 ) -> None:
     """Measure latency percentiles (with CIs), throughput and stability of a model or artifact."""
-    from optimize import interrupts
-    from optimize.bench import BenchSettings
-    from optimize.bench.command import BenchRequest, parse_batches, run_bench, run_compare
-    from optimize.env import check_thread_count
-    from optimize.errors import UsageError
-    from optimize.files import check_output_file, write_markdown_atomic
-    from optimize.inputs import parse_shape_args
-    from optimize.render.markdown import render_markdown
-    from optimize.report import write_report
 
     if (model is None) == (artifact is None):
         raise UsageError("give a MODEL or --artifact DIR (one of them)", "see lto bench --help")
@@ -180,8 +181,6 @@ def bench(
     if json_out:
         report = runner(request, note)
     else:
-        from optimize.render.terminal import BudgetProgress
-
         # The budget is known: each measurement (and repetition) takes at most --time (plus a
         # process start per repetition), so the bar shows an ETA against that maximum.
         measurements = max(1, len(request.batches)) * repeat
@@ -204,7 +203,6 @@ def bench(
     if json_out:
         print_json(report)
         return
-    from optimize.render.terminal import render_measurements
 
     render_measurements(report, console)
     if output is not None:

@@ -9,6 +9,9 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
+from optimize.errors import UsageError
+from optimize.files import _json_default
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -27,7 +30,6 @@ def reset_consoles() -> None:
 
 def print_json(obj: Any) -> None:
     """Machine output: plain JSON on stdout, nothing else."""
-    from optimize.files import _json_default
 
     sys.stdout.write(json.dumps(obj, indent=2, default=_json_default) + "\n")
 
@@ -51,8 +53,6 @@ def deprecated_alias(value: _T | None, old_value: _T | None, flag: str, old_flag
     if old_value is None:
         return value
     if value is not None:
-        from optimize.errors import UsageError
-
         raise UsageError(f"{old_flag} is the old name of {flag}: give one of them")
     err_console.print(f"[yellow]warning:[/] {old_flag} is deprecated, use {flag}", highlight=False)
     return old_value

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from optimize import interrupts
+from optimize.bench.command import parse_batches
 from optimize.cli.common import (
     DURATION_UNITS_HELP,
     PERCENTILE_UNITS_HELP,
@@ -14,6 +16,11 @@ from optimize.cli.common import (
     err_console,
     print_json,
 )
+from optimize.env import check_thread_count
+from optimize.errors import UsageError
+from optimize.export import ExportRequest, export_triton
+from optimize.export.batching import measure_profile, profile_from_report
+from optimize.export.triton import preflight
 from optimize.units import duration_parser, percentile_parser
 
 EPILOG = """
@@ -78,13 +85,6 @@ def export(
     json_out: bool = JsonOption,
 ) -> None:
     """Export an artifact as a Triton model (config.pbtxt + model) and a KServe InferenceService."""
-    from optimize import interrupts
-    from optimize.bench.command import parse_batches
-    from optimize.env import check_thread_count
-    from optimize.errors import UsageError
-    from optimize.export import ExportRequest, export_triton
-    from optimize.export.batching import measure_profile, profile_from_report
-    from optimize.export.triton import preflight
 
     if batch_profile is not None and measure_batches is not None:
         raise UsageError("give --batch-profile or --measure-batches, not both")

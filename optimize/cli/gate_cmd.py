@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from optimize import gate as g
 from optimize.cli.common import (
     DURATION_UNITS_HELP,
     InputDataOption,
@@ -16,6 +17,13 @@ from optimize.cli.common import (
     err_console,
     print_json,
 )
+from optimize.errors import UsageError
+from optimize.files import check_output_file, write_markdown_atomic
+from optimize.gate import RerunRequest, gate_rerun, rerun_bench_settings
+from optimize.inputs import parse_shape_args
+from optimize.render.markdown import gate_section
+from optimize.render.terminal import BudgetProgress, render_gate
+from optimize.report import write_report
 from optimize.units import duration_parser, percentile_key_parser
 
 if TYPE_CHECKING:
@@ -132,9 +140,6 @@ def register(app: typer.Typer) -> None:
 
         A noisy comparison is "inconclusive", never "regressed"; with --rerun a regression must show twice.
         """
-        from optimize import gate as g
-        from optimize.errors import UsageError
-        from optimize.files import check_output_file, write_markdown_atomic
 
         settings = g.GateSettings(
             metric=metric,
@@ -175,18 +180,12 @@ def register(app: typer.Typer) -> None:
                 force_update_baseline=force_update_baseline,
             )
         if markdown is not None:
-            from optimize.render.markdown import gate_section
-
             write_markdown_atomic(markdown, gate_section(result.to_json()))
         if output is not None:
-            from optimize.report import write_report
-
             write_report(output, g.gate_report(result, source_report))
         if as_json:
             print_json(result.to_json())
         else:
-            from optimize.render.terminal import render_gate
-
             render_gate(result.to_json(), console)
         raise typer.Exit(result.exit_code)
 
@@ -200,9 +199,6 @@ def _rerun_request(
     max_time: float,
     confirm: bool,
 ) -> RerunRequest:
-    from optimize.errors import UsageError
-    from optimize.gate import RerunRequest, rerun_bench_settings
-    from optimize.inputs import parse_shape_args
 
     if max_time <= 0:
         raise UsageError("--time must be more than 0 seconds")
@@ -222,8 +218,6 @@ def _rerun_request(
 def _run_with_progress(
     request: RerunRequest, settings: GateSettings, quiet: bool
 ) -> tuple[GateResult, dict[str, Any]]:
-    from optimize.gate import gate_rerun
-    from optimize.render.terminal import BudgetProgress
 
     # Each interleaved run takes at most --time; a regression is confirmed by a second one.
     budget = request.bench.max_time_s * (2 if request.confirm else 1)

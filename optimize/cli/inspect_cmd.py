@@ -7,6 +7,9 @@ from pathlib import Path
 import typer
 
 from optimize.cli.common import JsonOption, ShapeOption, console, print_json
+from optimize.inputs import parse_shape_args
+from optimize.inspection import inspect_model
+from optimize.render.terminal import render_inspection
 
 EPILOG = """
 [bold]Examples[/]
@@ -27,9 +30,6 @@ def inspect(
     json_out: bool = JsonOption,
 ) -> None:
     """Show an ONNX model's versions, inputs/outputs, ops, parameters, FLOPs and validity."""
-    from optimize.inputs import parse_shape_args
-    from optimize.inspection import inspect_model
-    from optimize.render.terminal import render_inspection
 
     info = inspect_model(model, parse_shape_args(shape))
     if json_out:

@@ -25,6 +25,14 @@ from optimize.cli.serve_cmd import (
     duration_option,
     percentile_option,
 )
+from optimize.errors import UsageError
+from optimize.files import check_output_file
+from optimize.inputs import parse_shape_args
+from optimize.render.terminal import render_load
+from optimize.report import write_report
+from optimize.serve.app import EXIT_SLO_MISSED, LoadOptions, run_load_command
+from optimize.serve.batcher import BatcherConfig
+from optimize.serve.loadgen import LoadSettings
 
 EPILOG = """
 [bold]Examples[/]
@@ -83,14 +91,6 @@ def load(
     json_out: bool = JsonOption,
 ) -> None:
     """Validate a server or artifact under load: latency percentiles, throughput, errors, SLO verdict."""
-    from optimize.errors import UsageError
-    from optimize.files import check_output_file
-    from optimize.inputs import parse_shape_args
-    from optimize.render.terminal import render_load
-    from optimize.report import write_report
-    from optimize.serve.app import LoadOptions, run_load_command
-    from optimize.serve.batcher import BatcherConfig
-    from optimize.serve.loadgen import LoadSettings
 
     if (target is None) == (artifact is None):
         raise UsageError("give a URL, a MODEL.onnx or --artifact DIR (one of them)", "see lto load --help")
@@ -124,8 +124,6 @@ def load(
         if report is not None:
             console.print(f"report: {report}")
     if not result["load"]["verdict"]["passed"]:
-        from optimize.serve.app import EXIT_SLO_MISSED
-
         raise typer.Exit(EXIT_SLO_MISSED)
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from optimize import interrupts
 from optimize.cli.common import (
     DURATION_UNITS_HELP,
     SHAPE_HELP,
@@ -18,6 +19,13 @@ from optimize.cli.common import (
     err_console,
     print_json,
 )
+from optimize.errors import UsageError
+from optimize.inputs import split_shape_args
+from optimize.pipeline import OptimizeRequest, optimize
+from optimize.pipeline import Progress as Base
+from optimize.pipeline.request import parse_accuracy_spec
+from optimize.render.terminal import clock, optimize_row_line, render_optimize_summary
+from optimize.task_metrics import METRICS
 from optimize.units import duration_parser, percentile_key_parser
 
 if TYPE_CHECKING:
@@ -232,8 +240,6 @@ def optimize_command(
     json_out: bool = JsonOption,
 ) -> None:
     """Make a model faster on this machine, stage by stage, keeping only measured, accurate wins."""
-    from optimize.inputs import split_shape_args
-    from optimize.pipeline import OptimizeRequest, optimize
 
     pins, ranges = split_shape_args(shape)
     thresholds = _accuracy_flags(accuracy, min_cosine, min_top1)
@@ -282,8 +288,6 @@ def optimize_command(
     if json_out:
         print_json(result.report)
     else:
-        from optimize.render.terminal import render_optimize_summary
-
         render_optimize_summary(
             result.report, result.artifact_dir, result.verdict, result.exit_code, console, err_console
         )
@@ -292,8 +296,6 @@ def optimize_command(
 
 def _accuracy_flags(spec: str | None, min_cosine: float | None, min_top1: float | None) -> dict[str, Any]:
     """--accuracy's spec with --min-cosine and --min-top1 folded in (each threshold set once)."""
-    from optimize.errors import UsageError
-    from optimize.pipeline.request import parse_accuracy_spec
 
     values = parse_accuracy_spec(spec) if spec else {}
     for flag, key, value in (
@@ -309,8 +311,6 @@ def _accuracy_flags(spec: str | None, min_cosine: float | None, min_top1: float 
 
 
 def _task_metric_flags(items: list[str]) -> dict[str, str]:
-    from optimize.errors import UsageError
-    from optimize.task_metrics import METRICS
 
     out: dict[str, str] = {}
     for item in items:
@@ -333,10 +333,6 @@ class _RichProgress:
 
     def __init__(self, show_rows: bool, budget_s: float | None = None, every_s: float = 30.0) -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        from optimize import interrupts
-        from optimize.pipeline import Progress as Base
-        from optimize.render.terminal import optimize_row_line
 
         self.show_rows = show_rows
         self.budget_s = budget_s
@@ -377,7 +373,6 @@ class _RichProgress:
         comparison and the artifact follow the budget's end, in seconds)."""
         if not self.budget_s:
             return ""
-        from optimize.render.terminal import clock
 
         left = max(0.0, self.budget_s - (time.monotonic() - self._started))
         return f"{clock(left)} of the {clock(self.budget_s)} budget left"

@@ -6,6 +6,14 @@ from pathlib import Path
 
 import typer
 
+from optimize.cli.common import console
+from optimize.errors import UsageError
+from optimize.files import check_output_file, write_markdown_atomic, write_text_atomic
+from optimize.render.html_page import plots_markdown, render_html, write_plot_files
+from optimize.render.markdown import render_markdown
+from optimize.render.plots import report_plots
+from optimize.report import load_report
+
 EPILOG = """
 [bold]Examples[/]
 
@@ -30,11 +38,6 @@ def report(
     check: bool = typer.Option(False, "--check", help="Only validate the report against the schema."),
 ) -> None:
     """Render a report (bench, compare, optimize, load, gate) for people: Markdown or HTML with plots."""
-    from optimize.cli.common import console
-    from optimize.errors import UsageError
-    from optimize.files import check_output_file, write_markdown_atomic, write_text_atomic
-    from optimize.render.markdown import render_markdown
-    from optimize.report import load_report
 
     check_output_file(output, flag="-o", inputs=(path,))
     check_output_file(html_out, flag="--html", inputs=(path,))
@@ -47,17 +50,11 @@ def report(
     text = render_markdown(data)
     plots = None
     if output is not None or html_out is not None:
-        from optimize.render.plots import report_plots
-
         plots = report_plots(data)
     if html_out is not None:
-        from optimize.render.html_page import render_html
-
         write_text_atomic(html_out, render_html(data, plots, markdown=text))
         console.print(f"wrote {html_out}")
     if output is not None:
-        from optimize.render.html_page import plots_markdown, write_plot_files
-
         prefix = f"{output.stem}-"
         for plot in plots or []:
             check_output_file(output.parent / f"{prefix}{plot.name}.png", flag="-o (its plots)")

@@ -13,6 +13,13 @@ from optimize.cli.common import (
     console,
     deprecated_alias,
 )
+from optimize.errors import UsageError
+from optimize.files import check_output_file
+from optimize.inputs import parse_shape_args
+from optimize.serve.app import LoadOptions, run_serve
+from optimize.serve.batcher import BatcherConfig
+from optimize.serve.loadgen import LoadSettings
+from optimize.serve.server import ServerConfig
 from optimize.units import duration_parser, percentile_parser
 
 EPILOG = """
@@ -226,13 +233,6 @@ def serve(
     old_report: Path | None = OldReportOption,
 ) -> None:
     """Serve a model or artifact over HTTP (KServe v2) with deadline-aware dynamic batching."""
-    from optimize.errors import UsageError
-    from optimize.files import check_output_file
-    from optimize.inputs import parse_shape_args
-    from optimize.serve.app import LoadOptions, run_serve
-    from optimize.serve.batcher import BatcherConfig
-    from optimize.serve.loadgen import LoadSettings
-    from optimize.serve.server import ServerConfig
 
     if (model is None) == (artifact is None):
         raise UsageError("give a MODEL.onnx or --artifact DIR (one of them)", "see lto serve --help")

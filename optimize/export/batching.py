@@ -29,7 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from optimize.bench import BenchSettings
+from optimize.bench.command import BenchRequest, run_bench
 from optimize.errors import UsageError
+from optimize.report import load_report
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,6 @@ def plan_batching(
 
 def profile_from_report(path: Path, model_sha256: str) -> BatchProfile:
     """The profile in a `lto bench` report, refused unless it measured this very model file."""
-    from optimize.report import load_report
 
     report = load_report(path)
     if report.get("kind") != "bench":
@@ -181,8 +183,6 @@ def measure_profile(
     progress: Callable[[str, int, float], None] | None = None,
 ) -> BatchProfile:
     """Measure the artifact at each batch size now, through lto bench's engine, on this machine."""
-    from optimize.bench import BenchSettings
-    from optimize.bench.command import BenchRequest, run_bench
 
     request = BenchRequest(
         model=artifact,

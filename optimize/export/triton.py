@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optimize import __version__
 from optimize.artifact import read_manifest
 from optimize.errors import LtoError, ModelError, UsageError
 from optimize.export import kserve
@@ -27,8 +26,10 @@ from optimize.export.batching import BatchingPlan, BatchProfile, plan_batching
 from optimize.files import atomic_directory, sha256_file, write_json_atomic, write_text_atomic
 from optimize.runtimes.registry import RUNTIMES, runtime_of_backend
 from optimize.runtimes.spec import resolve
+from optimize.stats import PERCENTILES
 from optimize.triton.model import ModelIO, Tensor, TritonModel, instance_group
 from optimize.triton.pbtxt import Enum, to_plain, to_text
+from optimize.version import __version__
 
 MARKER = "lto-export.json"
 KSERVE_FILE = "inferenceservice.yaml"
@@ -166,7 +167,6 @@ def _slo(request: ExportRequest, manifest: dict[str, Any]) -> tuple[float | None
     percentile = request.percentile
     if percentile is None:
         key = str(target.get("percentile") or "p99")
-        from optimize.stats import PERCENTILES
 
         percentile = PERCENTILES.get(key, 99.0)
     if request.slo_ms is not None:

@@ -11,6 +11,13 @@ from typing import Any
 import numpy as np
 
 from optimize.errors import UsageError
+from optimize.stats import (
+    bootstrap_ratio_ci,
+    full_chunks,
+    interleaved_ratio_ci,
+    metric_value,
+    runs_for_percentile,
+)
 
 PASS, IMPROVED, REGRESSED, INCONCLUSIVE = "pass", "improved", "regressed", "inconclusive"
 EXIT_CODES: dict[str, int] = {PASS: 0, IMPROVED: 10, REGRESSED: 11, INCONCLUSIVE: 12}
@@ -121,7 +128,6 @@ class Side:
 
     def repetition_values(self, stat: str) -> np.ndarray:
         """The statistic (p50, p90, p99, mean) of each repetition's runs: the run-level sample."""
-        from optimize.stats import metric_value
 
         parts = self.repetitions or [self.samples_ms]
         return np.asarray([float(metric_value(p, stat)) for p in parts], dtype=np.float64)
@@ -132,7 +138,6 @@ class Side:
 
     def blocks(self) -> np.ndarray | None:
         """The complete chunks as a (chunks, runs per chunk) array, or None when not interleaved."""
-        from optimize.stats import full_chunks
 
         if self.chunk_runs:
             return full_chunks(self.samples_ms, self.chunk_runs)
@@ -188,7 +193,6 @@ class Side:
     def metric(self, metric: str) -> float:
         if metric == "throughput":
             return self.batch_size * 1000.0 / float(np.mean(self.samples_ms))
-        from optimize.stats import metric_value
 
         return float(metric_value(self.samples_ms, metric))
 
@@ -324,7 +328,6 @@ def _ratio_ci(
     samples are resampled by whole chunk pairs with the AB/BA crossover that cancels the run
     order (`optimize.stats.interleaved_ratio_ci` explains why both matter on a loaded machine).
     """
-    from optimize.stats import bootstrap_ratio_ci, interleaved_ratio_ci
 
     a, b = baseline.blocks(), candidate.blocks()
     if a is None or b is None or min(a.shape[0], b.shape[0]) < 4:
@@ -473,7 +476,6 @@ def _reports_refusal(baseline: Side, candidate: Side, settings: GateSettings) ->
         )
     if settings.metric in ("p90", "p99"):
         # Each repetition's own tail is the figure compared: it needs the runs to estimate it.
-        from optimize.stats import runs_for_percentile
 
         needed = runs_for_percentile(float(settings.metric[1:]))
         fewest = min(min(p.size for p in s.repetitions or [s.samples_ms]) for s in (baseline, candidate))

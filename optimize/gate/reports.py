@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from optimize.errors import UsageError
+from optimize.files import check_output_file
 from optimize.gate.decision import (
     IMPROVED,
     INCONCLUSIVE,
@@ -16,6 +17,7 @@ from optimize.gate.decision import (
     Side,
     decide,
 )
+from optimize.report import load_report, new_report, write_report
 
 
 def pick_measurement(report: Mapping[str, Any], label: str | None = None, *, name: str = "report") -> dict:
@@ -67,7 +69,6 @@ def side_from_report(report: Mapping[str, Any], label: str | None, name: str) ->
 def _read_report(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UsageError(f"report not found: {path}")
-    from optimize.report import load_report
 
     return load_report(path)
 
@@ -98,8 +99,6 @@ def baseline_path(baseline_dir: Path, fingerprint: str, name: str) -> Path:
 
 
 def store_baseline(path: Path, report: Mapping[str, Any]) -> Path:
-    from optimize.files import check_output_file
-    from optimize.report import write_report
 
     check_output_file(path, flag="--baseline-dir")
     write_report(path, dict(report))  # validates, then writes atomically
@@ -194,7 +193,6 @@ def baseline_refusal(candidate: Side, settings: GateSettings) -> str | None:
 
 def gate_report(result: GateResult, source: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A report of kind "gate": the compared measurements in `results`, the decision under "gate"."""
-    from optimize.report import new_report
 
     if source is not None:
         report = new_report(

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from optimize.bench import BenchSettings
+from optimize.bench.command import BenchRequest, run_compare
 from optimize.gate.decision import (
     INCONCLUSIVE,
     REGRESSED,
@@ -41,7 +43,6 @@ def rerun_bench_settings(time_s: float = 10.0) -> Any:
     Measured on a loaded 2-core machine, 5 ms chunks gave 95% CIs several times narrower than
     50 ms ones for the same time budget. Stopping early on the medians' CI would leave too few.
     """
-    from optimize.bench import BenchSettings
 
     # Each side runs in its own worker (optimize.bench.apart) and a block starts once the other
     # side's threads are idle (a wait of 5 ms or more). 10 ms blocks keep many block pairs; the run
@@ -85,7 +86,6 @@ def gate_rerun(
 def _interleaved_run(
     request: RerunRequest, settings: GateSettings, index: int, progress: RunProgress | None
 ) -> tuple[GateResult, dict[str, Any]]:
-    from optimize.bench.command import BenchRequest, run_compare
 
     bench_request = BenchRequest(
         model=request.baseline,

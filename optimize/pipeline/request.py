@@ -14,10 +14,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from optimize.accuracy import load_user_metric
 from optimize.errors import UsageError
 from optimize.files import check_output_dir, check_output_file
-from optimize.recipes import OPTIONAL_THRESHOLDS, Recipe, StageSpec
+from optimize.inputs import check_data_file
+from optimize.onnx_file import load_model
+from optimize.recipes import (
+    OPTIONAL_THRESHOLDS,
+    Recipe,
+    StageSpec,
+    detect_model_kind,
+    load_recipe,
+    parse_thresholds,
+    recipe_for_kind,
+)
 from optimize.runtimes.registry import quantize_stages, searched_runtimes, stage_runtime
+from optimize.thresholds import Thresholds
 
 if TYPE_CHECKING:
     from optimize.accuracy import UserMetric
@@ -93,9 +105,6 @@ class OptimizeRequest:
         self._validate_data()
         overrides = self.accuracy_overrides()
         if overrides:
-            from optimize.recipes import parse_thresholds
-            from optimize.thresholds import Thresholds
-
             parse_thresholds(overrides, "--accuracy ", base=Thresholds())  # ranges, before any work
         if self.metric is not None:
             self.user_metric()
@@ -160,8 +169,6 @@ class OptimizeRequest:
             return None
         cached = self.__dict__.get("_user_metric")  # (spec, loaded): not a dataclass field
         if cached is None or cached[0] != self.metric:
-            from optimize.accuracy import load_user_metric
-
             cached = (self.metric, load_user_metric(self.metric))
             self.__dict__["_user_metric"] = cached
         return cached[1]
@@ -231,8 +238,6 @@ def partial_report_path(out_dir: Path) -> Path:
 
 def choose_recipe(request: OptimizeRequest, known_stages: Sequence[str] | None = None) -> tuple[Recipe, str]:
     """The recipe to run (request.recipe, or the one for the model's kind) and the model kind."""
-    from optimize.onnx_file import load_model
-    from optimize.recipes import detect_model_kind, load_recipe, recipe_for_kind
 
     model = load_model(request.model_path, load_external_data=False)
     kind = detect_model_kind(model)
@@ -280,14 +285,10 @@ def apply_overrides(recipe: Recipe, request: OptimizeRequest) -> list[str]:
     notes += _apply_runtime(recipe, request)
     overrides = request.accuracy_overrides()
     if overrides:
-        from optimize.recipes import parse_thresholds
-
         recipe.accuracy = parse_thresholds(overrides, "--accuracy ", base=recipe.accuracy)
         shown = ", ".join(f"{k}={v}" for k, v in overrides.items())
         notes.append(f"accuracy thresholds from the command line: {shown}")
     if request.calib_data is not None:
-        from optimize.inputs import check_data_file
-
         # Checked before any stage runs (0 rows is an error; NaN/inf a warning in the report):
         # the quantize stage reads the file only late in the run.
         notes += check_data_file(request.calib_data, "--calib-data")

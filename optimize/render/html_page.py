@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from optimize.files import MARKDOWN_MARK, write_bytes_atomic, write_text_atomic
+from optimize.render.markdown import render_markdown
 from optimize.render.plots import Plot, report_plots
 
 _STYLE = """
@@ -51,7 +52,6 @@ def render_html(
     report: Mapping[str, Any], plots: Sequence[Plot] | None = None, markdown: str | None = None
 ) -> str:
     """The page: the Markdown report's header, the plots, then the rest of the report."""
-    from optimize.render.markdown import render_markdown
 
     text = markdown if markdown is not None else render_markdown(report)
     plots = report_plots(report) if plots is None else plots

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from optimize.render.common import gate_rows, pairs_word, unstable_inputs
+from optimize.render.optimize_section import render_markdown_section
 
 # (section, whole report) -> Markdown. The report is passed because some sections need its
 # top-level fields (a load section shows the report's `settings`).
@@ -322,10 +323,6 @@ def _load_verdict(verdict: Mapping[str, Any]) -> str:
 
 
 def _optimize_section(section: Mapping[str, Any], report: Mapping[str, Any]) -> str:
-    # Kept in optimize.render.optimize_section by the pipeline's owner until it moves here.
-    # Imported when a report needs it; an ImportError propagates, a report is never downgraded.
-    from optimize.render.optimize_section import render_markdown_section
-
     return render_markdown_section(section)
 
 

@@ -14,6 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from optimize.render.common import gate_rows, pairs_word
+from optimize.render.optimize_section import accuracy_cell, table_rows
+from optimize.stats import tail_flags
 
 
 def fmt_ms(value: float) -> str:
@@ -80,8 +82,6 @@ def tail_marks(m: Mapping[str, Any]) -> dict[str, int]:
     """{percentile key: runs it needs} for the tails a measurement has too few runs to estimate."""
     marks = m.get("too_few_runs_for")
     if marks is None:  # a report written before lto recorded it
-        from optimize.stats import tail_flags
-
         marks = tail_flags(int(m.get("runs") or 0))
     return dict(marks)
 
@@ -469,8 +469,6 @@ def render_optimize_summary(
 ) -> None:
     """The per-stage table, the artifact's headline figures, the verdict and the warnings."""
     from pathlib import Path
-
-    from optimize.render.optimize_section import accuracy_cell, table_rows
 
     section = report["optimize"]
     # The rows' reasons and accuracy were streamed as each stage finished (optimize_row_line)

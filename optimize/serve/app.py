@@ -12,7 +12,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from optimize.backend import TensorSpec
 from optimize.errors import LtoError, UsageError, message_line
+from optimize.inputs import resolve_inputs
 from optimize.runtime_model import RuntimeModel
 from optimize.serve import polling
 from optimize.serve.batcher import Batcher, BatcherConfig
@@ -35,6 +37,7 @@ from optimize.serve.loading import (
     resolve_served,
 )
 from optimize.serve.polling import PollingSelector
+from optimize.serve.protocol import V2_TO_NUMPY
 from optimize.serve.server import RunningServer, ServerConfig, serve_until_signal
 from optimize.units import percentile_label
 
@@ -183,10 +186,6 @@ async def _remote_target(
 ) -> tuple[HttpEndpoint, dict[str, Any]]:
     import aiohttp
 
-    from optimize.backend import TensorSpec
-    from optimize.inputs import resolve_inputs
-    from optimize.serve.protocol import V2_TO_NUMPY
-
     base = url.rstrip("/")
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
@@ -236,7 +235,6 @@ def run_load_command(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run the load (remote over HTTP, or in-process on a model/artifact) and return the report."""
-    from optimize.inputs import resolve_inputs
 
     settings = options.settings
     settings.validate()

@@ -22,6 +22,10 @@ from typing import Any
 import numpy as np
 
 from optimize.errors import LtoError, UsageError
+from optimize.report import new_report
+from optimize.serve.batcher import ServeError
+from optimize.serve.protocol import HEADER_LENGTH, encode_request
+from optimize.stats import summarize
 
 PHASES = ("decode", "queue", "batch", "model", "encode")
 _TIMING = re.compile(r"([A-Za-z_][\w-]*)\s*;\s*dur=([0-9.]+)")
@@ -78,7 +82,6 @@ class HttpEndpoint(Endpoint):
     def __init__(
         self, url: str, model: str, feeds: Mapping[str, np.ndarray], timeout_s: float = 30.0
     ) -> None:
-        from optimize.serve.protocol import HEADER_LENGTH, encode_request
 
         self.url = url.rstrip("/")
         self.model = model
@@ -138,7 +141,6 @@ class InProcessEndpoint(Endpoint):
         self.remainder = "event_loop"
 
     async def infer(self) -> Outcome:
-        from optimize.serve.batcher import ServeError
 
         try:
             result = await self.batcher.submit(self.feeds)
@@ -317,7 +319,6 @@ class LoadResult:
         """The schema's measurement object (None when nothing succeeded)."""
         if not self.samples_ms:
             return None
-        from optimize.stats import summarize
 
         warnings = self.warnings()
         return {
@@ -530,7 +531,6 @@ def load_report(
     server: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A report of kind "load" in the shared schema; its verdict is the last (or searched) run's."""
-    from optimize.report import new_report
 
     report = new_report("load", model_path=model_path, input_spec=input_spec, settings=settings.to_json())
     for res in results:

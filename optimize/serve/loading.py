@@ -9,8 +9,12 @@ import numpy as np
 
 from optimize.artifact import resolve_model
 from optimize.backend import Backend
+from optimize.env import check_thread_count, physical_cores
 from optimize.errors import InputError, UsageError
+from optimize.inputs import InputSpec, embedding_vocab_sizes, feeds_from_spec, resolve_inputs
+from optimize.onnx_file import load_model
 from optimize.runtime_model import RuntimeModel
+from optimize.runtimes.backends import open_backend
 from optimize.runtimes.registry import backend_info, backend_infos
 
 
@@ -40,8 +44,6 @@ def resolve_served(
 def open_instances(served: RuntimeModel, instances: int, threads: int | None = None) -> list[Backend]:
     """Load the model `instances` times; ONNX Runtime and OpenVINO instances split the cores
     between them, or use `threads` threads each when given."""
-    from optimize.env import check_thread_count
-    from optimize.runtimes.backends import open_backend
 
     # Each instance runs in its own thread: bounded like any thread count, before loading any.
     check_thread_count(instances, "--instances", minimum=1)
@@ -55,8 +57,6 @@ def open_instances(served: RuntimeModel, instances: int, threads: int | None = N
         check_thread_count(threads, "--threads", minimum=1)
         config[key] = threads
     if key is not None and instances > 1 and threads is None:
-        from optimize.env import physical_cores
-
         cores = physical_cores()
         if instances > cores:
             raise UsageError(
@@ -86,7 +86,6 @@ def calibration_row(
     served: RuntimeModel, backend: Backend, shapes: dict[str, tuple[int, ...]] | None = None
 ) -> tuple[dict[str, np.ndarray] | None, str | None]:
     """One request's feeds to calibrate the latency model, or None and the reason."""
-    from optimize.inputs import InputSpec, feeds_from_spec, resolve_inputs
 
     try:
         feeds = None
@@ -127,8 +126,6 @@ def input_limits(served: RuntimeModel) -> InputLimits:
     """Vocabulary and token-type tables (as optimize.inputs finds them for generated inputs) and
     the position table: an embedding whose indices the graph computes (a Range or Slice over
     positions), named as exporters name it. Empty when the model has none or cannot be read."""
-    from optimize.inputs import embedding_vocab_sizes
-    from optimize.onnx_file import load_model
 
     path = _onnx_source(served)
     if path is None:

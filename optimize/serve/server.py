@@ -21,7 +21,6 @@ from typing import Any
 
 import orjson
 
-from optimize import __version__
 from optimize.errors import InputError, first_line
 from optimize.serve.batcher import Batcher, BatchStats, DeadlineExceeded, ModelFailure, Overloaded
 from optimize.serve.http_layer import HttpApplication, HttpLimits, HttpRequest, HttpResponse, HttpServer
@@ -35,6 +34,7 @@ from optimize.serve.protocol import (
     v2_datatype,
     v2_shape,
 )
+from optimize.version import __version__
 
 _LATENCY_BUCKETS = (
     0.0005,

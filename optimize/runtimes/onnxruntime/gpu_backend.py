@@ -18,7 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from optimize import gpu
 from optimize.errors import BackendUnavailable, ModelError
+from optimize.files import cache_root
 from optimize.runtimes.onnxruntime.backend import DEFAULT_CONFIG as ORT_DEFAULTS
 from optimize.runtimes.onnxruntime.backend import OrtBackend
 
@@ -44,7 +46,6 @@ class _OrtGpuBackend(OrtBackend):
         return {"device_id": int(self.gpu_config["device_id"]), **dict(self.gpu_config["provider_options"])}
 
     def __init__(self, model_path: str | Path, config: Mapping[str, Any] | None = None) -> None:
-        from optimize import gpu
 
         cfg = {**GPU_KEYS, **dict(config or {})}
         gpu.require_gpu(f"the {self.kind} backend")
@@ -84,7 +85,6 @@ class _OrtGpuBackend(OrtBackend):
         self.config = {**self.config, **self.gpu_config}
 
     def describe(self) -> dict[str, Any]:
-        from optimize import gpu
 
         info = super().describe()
         device = gpu.gpu_status().device
@@ -117,7 +117,6 @@ class OrtTensorrtBackend(_OrtGpuBackend):
     companions: ClassVar[list[str]] = ["CUDAExecutionProvider"]
 
     def _provider_options(self) -> dict[str, Any]:
-        from optimize.files import cache_root
 
         cache = cache_root() / "ort-trt"
         defaults = {

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optimize.onnx_file import file_has_external_data, read_model, save_model
+from optimize.runtimes.onnxruntime.backend import session_options
 
 if TYPE_CHECKING:
     import onnx
@@ -23,8 +24,6 @@ def ort_save_optimized(
     Returns the written model (weights loaded) and the side files it needs.
     """
     import onnxruntime as ort
-
-    from optimize.runtimes.onnxruntime.backend import session_options
 
     src, dst = Path(src), Path(dst)
     external = file_has_external_data(src)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from optimize.onnx_file import constant_values, file_has_external_data, op_counts, read_model, save_model
 from optimize.stage import Candidate, OnnxRuntimeStage, StageContext, StageSkipped
 
 if TYPE_CHECKING:
@@ -49,7 +50,6 @@ class _Graph:
     """Producer lookups over the main graph."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        from optimize.onnx_file import constant_values
 
         self.nodes = list(model.graph.node)
         self.producer = {out: node for node in self.nodes for out in node.output}
@@ -164,8 +164,6 @@ def fuse_transformer(src: Path, dst: Path, options: dict[str, Any]) -> tuple[dic
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    from optimize.onnx_file import file_has_external_data, op_counts, read_model, save_model
-
     external = file_has_external_data(src)
     model = read_model(src)
     detected = detect_transformer(model)
@@ -233,7 +231,6 @@ class GraphFusionStage(OnnxRuntimeStage):
     def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
         if reason := super().skip_reason(candidate, ctx):
             return reason
-        from optimize.onnx_file import op_counts, read_model
 
         model = read_model(candidate.model_path, load_external_data=False)
         ops = op_counts(model)
@@ -291,7 +288,6 @@ def fuse_with_onnxscript(src: Path, dst: Path) -> tuple[dict[str, Any], list[Pat
         from onnxscript.rewriter.ort_fusions import optimize_for_ort
     except ImportError as exc:
         raise StageSkipped(f"needs onnxscript ({exc.name} is not installed)") from exc
-    from optimize.onnx_file import file_has_external_data, op_counts, read_model, save_model
 
     model = ir.serde.deserialize_model(read_model(src))
     nodes_before = sum(1 for _ in model.graph)

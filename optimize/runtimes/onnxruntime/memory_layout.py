@@ -20,6 +20,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from optimize.env import cpu_isa_flags, nchwc_block_width, nchwc_isa_requires, physical_cores
+from optimize.onnx_file import NCHWC_DOMAIN, op_counts, read_model
+from optimize.runtimes.onnxruntime.graph import ort_save_optimized
 from optimize.stage import Candidate, OnnxRuntimeStage, StageContext, StageSkipped
 
 _CONV_OPS = frozenset(
@@ -43,9 +46,6 @@ class MemoryLayoutStage(OnnxRuntimeStage):
     )
 
     def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
-        from optimize.env import cpu_isa_flags, nchwc_block_width, nchwc_isa_requires, physical_cores
-        from optimize.onnx_file import NCHWC_DOMAIN, op_counts, read_model
-        from optimize.runtimes.onnxruntime.graph import ort_save_optimized
 
         ops = op_counts(read_model(candidate.model_path, load_external_data=False))
         conv_net = any(ops.get(op, 0) for op in _CONV_OPS)

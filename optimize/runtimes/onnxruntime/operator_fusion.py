@@ -20,6 +20,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from optimize.errors import UsageError
+from optimize.onnx_file import NCHWC_DOMAIN, infer_shapes, op_counts, opset_map, read_model, save_model
+from optimize.runtimes.onnxruntime.graph import ort_save_optimized
 from optimize.stage import Candidate, OnnxRuntimeStage, StageContext, StageSkipped
 
 SKIP_LN_FUSION = "SkipLayerNormFusion"
@@ -38,16 +40,6 @@ class OperatorFusionStage(OnnxRuntimeStage):
 
     def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
         import onnxruntime as ort
-
-        from optimize.onnx_file import (
-            NCHWC_DOMAIN,
-            infer_shapes,
-            op_counts,
-            opset_map,
-            read_model,
-            save_model,
-        )
-        from optimize.runtimes.onnxruntime.graph import ort_save_optimized
 
         levels = {str(level).lower() for level in ctx.options.get("levels", ("extended", "layout"))}
         unknown = sorted(levels - set(KNOWN_LEVELS))

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from optimize.onnx_file import read_model, save_model
+
 if TYPE_CHECKING:
     import onnx
 
@@ -38,8 +40,6 @@ def _run_with_outputs(
     """Run `path` on `samples` and return the values of the named (float) tensors."""
     import onnx
     import onnxruntime as ort
-
-    from optimize.onnx_file import read_model, save_model
 
     model = read_model(path)
     existing = {o.name for o in model.graph.output}
@@ -119,7 +119,6 @@ def rank_sensitive_nodes(
     A node's score is the per-channel relative error of its output (quantized vs float model)
     minus the largest error already present on its activation inputs: the error it adds itself.
     """
-    from optimize.onnx_file import read_model
 
     model = read_model(float_path, load_external_data=False)
     wanted = set(node_names) & quantized_node_names(

@@ -37,7 +37,20 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from optimize.accuracy import AccuracyResult
+from optimize.env import cpu_isa_flags, has_vnni
 from optimize.errors import InputError, LtoError, message_line
+from optimize.inputs import generate_feeds, resolve_inputs
+from optimize.onnx_file import (
+    NCHWC_DOMAIN,
+    QUANT_OPS,
+    constants_to_initializers,
+    ensure_node_names,
+    file_has_external_data,
+    op_counts,
+    read_model,
+    save_model,
+)
+from optimize.runtimes.onnxruntime.graph_fusion import detect_transformer, fuse_with_onnxscript
 from optimize.runtimes.onnxruntime.quant_search import (
     QuantPoint,
     attention_projections,
@@ -156,7 +169,6 @@ def load_calibration(source: Any, like: Mapping[str, np.ndarray]) -> list[dict[s
 
 def generated_calibration(ctx: StageContext, count: int) -> list[dict[str, np.ndarray]]:
     """Inputs drawn like the benchmark inputs (token ids in the vocab, masks of ones), other seeds."""
-    from optimize.inputs import generate_feeds, resolve_inputs
 
     shapes = {name: tuple(int(d) for d in array.shape) for name, array in ctx.feeds.items()}
     spec, _ = resolve_inputs(ctx.original_model, shapes)
@@ -171,7 +183,6 @@ ORT_FUSED_OPS = frozenset({"FusedConv", "FusedGemm", "FusedMatMul"})
 
 def quantization_source(candidate: Candidate, ctx: StageContext) -> tuple[Path, str]:
     """The model to quantize: the candidate's, unless ORT-fused kernels would hide its weights."""
-    from optimize.onnx_file import NCHWC_DOMAIN, op_counts, read_model
 
     ops = op_counts(read_model(candidate.model_path, load_external_data=False))
     blocking = sorted(op for op in ORT_FUSED_OPS if ops.get(f"com.microsoft:{op}", 0))
@@ -220,7 +231,6 @@ class QuantizeStage(OnnxRuntimeStage):
     )
 
     def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
-        from optimize.onnx_file import QUANT_OPS, op_counts, read_model
 
         if reason := super().skip_reason(candidate, ctx):
             return reason
@@ -237,9 +247,6 @@ class QuantizeStage(OnnxRuntimeStage):
         return None
 
     def run(self, candidate: Candidate, ctx: StageContext) -> Iterator[Candidate]:
-        from optimize.env import cpu_isa_flags, has_vnni
-        from optimize.onnx_file import read_model
-        from optimize.runtimes.onnxruntime.graph_fusion import detect_transformer
 
         opts = ctx.options
         flags = cpu_isa_flags()
@@ -453,7 +460,6 @@ class _Search:
         head; a transformer's late FFN down-projections; its attention projections, apart from
         the FFN), then the nodes ranked by the error they add, doubling until one passes and
         bisecting back towards fewer."""
-        from optimize.onnx_file import read_model
 
         ctx = self.ctx
         calibration = self.calibration()[0] if point.mode == "static" else []
@@ -525,13 +531,6 @@ def _unfused(point: QuantPoint) -> QuantPoint:
 def _prepare(source: Path, ctx: StageContext, static: bool) -> tuple[Path, str]:
     """A copy with every node named (exclusion is by name); for static quantization pre-processed
     and at opset >= 13, where DequantizeLinear takes the per-channel axis."""
-    from optimize.onnx_file import (
-        constants_to_initializers,
-        ensure_node_names,
-        file_has_external_data,
-        read_model,
-        save_model,
-    )
 
     suffix = "static" if static else "dynamic"
     notes = []
@@ -598,7 +597,6 @@ class _Quantizer:
         settings: dict[str, Any],
         calibration: list[dict[str, np.ndarray]],
     ) -> None:
-        from optimize.onnx_file import file_has_external_data
 
         self.prepared = prepared
         self.workdir = workdir
@@ -611,7 +609,6 @@ class _Quantizer:
         self._ranges: Path | None = None
 
     def quantizable_nodes(self) -> list[str]:
-        from optimize.onnx_file import read_model
 
         ops = self.point.op_types()
         model = read_model(self.prepared, load_external_data=False)
@@ -622,7 +619,6 @@ class _Quantizer:
         ]
 
     def quantize(self, base: Candidate, excluded: list[str], index: int) -> Candidate:
-        from optimize.onnx_file import QUANT_OPS, op_counts, read_model, save_model
 
         out = self.workdir / f"{self.point.label}-{index}.onnx"
         while True:
@@ -670,7 +666,6 @@ class _Quantizer:
             self._static(out, excluded)
 
     def _fuse(self, quantized: Path) -> Path:
-        from optimize.runtimes.onnxruntime.graph_fusion import fuse_with_onnxscript
 
         fused = quantized.with_name(quantized.stem + "-mha.onnx")
         details, _ = fuse_with_onnxscript(quantized, fused)
@@ -680,7 +675,6 @@ class _Quantizer:
         return fused
 
     def _gemm_names(self) -> set[str]:
-        from optimize.onnx_file import read_model
 
         model = read_model(self.prepared, load_external_data=False)
         return {n.name for n in model.graph.node if n.op_type == "Gemm"}
@@ -688,8 +682,6 @@ class _Quantizer:
     def _dynamic(self, out: Path, excluded: list[str]) -> None:
         import onnx
         from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        from optimize.onnx_file import op_counts, read_model
 
         ops = op_counts(read_model(self.prepared, load_external_data=False))
         extra: dict[str, Any] = dict(self._extra)

@@ -26,8 +26,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from optimize import env
 from optimize.backend import Backend, TensorSpec
+from optimize.env import check_thread_count
 from optimize.errors import BackendUnavailable, ModelError, UsageError, message_line
+from optimize.inputs import model_input_specs
+from optimize.onnx_file import load_model
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "PERFORMANCE_HINT": "LATENCY",
@@ -50,7 +54,6 @@ OUTPUT_NAMES_KEY = "lto_output_names"
 
 def has_bf16(flags: set[str] | None = None) -> bool:
     """Whether this CPU runs bf16 natively (the ISA reader is optimize.env.cpu_isa_flags)."""
-    from optimize import env
 
     have = env.cpu_isa_flags() if flags is None else flags
     return bool(have & set(BF16_FLAGS))
@@ -68,7 +71,6 @@ def import_openvino() -> Any:
 
 def check_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The configuration over the defaults, each value checked; a bad one is a one-line UsageError."""
-    from optimize.env import check_thread_count
 
     unknown = sorted(set(config) - set(DEFAULT_CONFIG))
     if unknown:
@@ -135,15 +137,12 @@ def _rt_json(model: Any, key: str) -> Any:
 def dim_names_of(model: Any, path: Path) -> dict[str, list[str | None]]:
     """Input name -> per-axis dim names: from the IR's rt_info, or from the ONNX file itself."""
     if path.suffix.lower() == ".onnx":
-        from optimize.inputs import model_input_specs
-
         return {s.name: [d if isinstance(d, str) else None for d in s.shape] for s in model_input_specs(path)}
     raw = _rt_json(model, DIM_NAMES_KEY)
     return {str(k): list(v) for k, v in raw.items() if isinstance(v, list)} if isinstance(raw, dict) else {}
 
 
 def onnx_output_names(path: Path) -> list[str]:
-    from optimize.onnx_file import load_model
 
     return [o.name for o in load_model(path, load_external_data=False).graph.output]
 

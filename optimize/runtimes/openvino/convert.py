@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import openvino as ov  # a missing package skips the stage with its name (runtimes.load_stage)
 
+from optimize.env import physical_cores
 from optimize.runtimes.openvino.ir import (
     candidate,
     gated,
@@ -34,7 +35,6 @@ from optimize.stage import Candidate, Stage, StageContext
 
 def thread_choices(options: dict[str, Any]) -> list[int]:
     """Thread counts worth measuring: the physical cores, and all logical CPUs when SMT adds some."""
-    from optimize.env import physical_cores
 
     cores = physical_cores()
     if options.get("threads"):

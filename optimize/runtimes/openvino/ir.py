@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from optimize.accuracy import AccuracyResult
-from optimize.env import VNNI_FLAGS, has_vnni
+from optimize.env import VNNI_FLAGS, cpu_isa_flags, has_vnni
+from optimize.inputs import model_input_specs
 from optimize.runtimes.openvino.backend import (
     BF16_FLAGS,
     DEFAULT_CONFIG,
@@ -46,7 +47,6 @@ def source_model(candidate: Candidate, ctx: StageContext) -> tuple[Path, str]:
 
 
 def onnx_dim_names(path: Path) -> dict[str, list[str | None]]:
-    from optimize.inputs import model_input_specs
 
     return {s.name: [d if isinstance(d, str) else None for d in s.shape] for s in model_input_specs(path)}
 
@@ -117,7 +117,6 @@ def precision_hints(options: Mapping[str, Any]) -> list[str]:
 
 def isa_entries(precision_hint: str, int8: bool) -> list[dict[str, Any]]:
     """CPU requirements the artifact records (optimize.artifact reads `cpu_isa_any` from details)."""
-    from optimize.env import cpu_isa_flags
 
     entries: list[dict[str, Any]] = []
     if precision_hint == "bf16":

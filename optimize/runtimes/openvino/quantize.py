@@ -36,6 +36,7 @@ import openvino as ov
 
 from optimize.accuracy import AccuracyResult
 from optimize.errors import InputError, LtoError, message_line
+from optimize.onnx_file import op_counts, read_model
 from optimize.runtimes.onnxruntime.quant_sensitivity import backoff_sizes
 from optimize.runtimes.onnxruntime.quantize import calibration_samples
 from optimize.runtimes.openvino.convert import thread_choices
@@ -96,7 +97,6 @@ class OpenVinoQuantizeStage(Stage):
     description: ClassVar[str] = "OpenVINO int8 with NNCF post-training quantization, accuracy-gated"
 
     def skip_reason(self, candidate_in: Candidate, ctx: StageContext) -> str | None:
-        from optimize.onnx_file import op_counts, read_model
 
         source, _ = source_model(candidate_in, ctx)
         ops = {op.rpartition(":")[2] for op in op_counts(read_model(source, load_external_data=False))}
@@ -107,7 +107,6 @@ class OpenVinoQuantizeStage(Stage):
         return None
 
     def run(self, candidate_in: Candidate, ctx: StageContext) -> list[Candidate]:
-        from optimize.onnx_file import op_counts, read_model
 
         source, why = source_model(candidate_in, ctx)
         ops = {op.rpartition(":")[2]: n for op, n in op_counts(read_model(source, False)).items()}

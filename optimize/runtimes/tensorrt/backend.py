@@ -24,8 +24,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from optimize import gpu
 from optimize.backend import Backend, TensorSpec
 from optimize.errors import BackendUnavailable, ModelError, UsageError
+from optimize.files import sha256_bytes
+from optimize.runtimes.tensorrt.engine import check_manifest, import_runtime, make_logger, manifest_path
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "cuda_graph": False,
@@ -123,8 +126,6 @@ def read_manifest(engine_path: Path, engine_bytes: bytes) -> dict[str, Any] | No
     The second form finds the manifest after the engine was renamed (an artifact stores the
     stage's `model_fp16.engine` as `model.engine` next to `model_fp16.engine.json`).
     """
-    from optimize.files import sha256_bytes
-    from optimize.runtimes.tensorrt.engine import manifest_path
 
     path = manifest_path(engine_path)
     if path.is_file():
@@ -162,8 +163,6 @@ class TensorrtBackend(Backend):
         super().__init__(model_path, config)
         self.config = self.config_with_defaults(DEFAULT_CONFIG)
         self._closed = True
-        from optimize import gpu
-        from optimize.runtimes.tensorrt.engine import check_manifest, import_runtime, make_logger
 
         if not self.model_path.is_file():
             raise ModelError(f"engine file {self.model_path} does not exist")

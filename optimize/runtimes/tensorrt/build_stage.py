@@ -23,8 +23,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from optimize import gpu
 from optimize.errors import LtoError, UsageError
+from optimize.files import cache_root
 from optimize.gpu import GpuStatus
+from optimize.inputs import model_input_specs
+from optimize.onnx_file import op_counts, read_model, save_model
+from optimize.runtimes.tensorrt.engine import (
+    BuildSettings,
+    EngineBuildError,
+    build_engine,
+    import_runtime,
+    profile_for_inputs,
+    rtx_target,
+    timing_cache_file,
+)
 from optimize.shapes import parse_shape_ranges
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 
@@ -33,13 +46,11 @@ _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
 def default_cache_dir(options: dict[str, Any]) -> Path:
-    from optimize.files import cache_root
 
     return Path(options["cache_dir"]) if options.get("cache_dir") else cache_root()
 
 
 def has_qdq(model_path: Path) -> bool:
-    from optimize.onnx_file import op_counts, read_model
 
     ops = op_counts(read_model(model_path, load_external_data=False))
     return any(ops.get(op, 0) or ops.get(f"ai.onnx:{op}", 0) for op in _QDQ_OPS)
@@ -57,8 +68,6 @@ def convert_fp16(src: Path, dst: Path) -> list[Path]:
 
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    from optimize.onnx_file import read_model, save_model
-
     model = OnnxModel(read_model(src))
     # The converter prints a warning for every constant it clamps into fp16 range.
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -75,7 +84,6 @@ class TensorrtBuildStage(Stage):
         self._gpu_probe = gpu_probe
 
     def _gpu(self) -> GpuStatus:
-        from optimize import gpu
 
         return (self._gpu_probe or gpu.gpu_status)()
 
@@ -83,7 +91,6 @@ class TensorrtBuildStage(Stage):
         status = self._gpu()
         if not status.usable:
             return f"no usable NVIDIA GPU: {status.reason}"
-        from optimize.runtimes.tensorrt.engine import import_runtime, rtx_target
 
         try:
             trt, runtime = import_runtime(str(ctx.options.get("runtime", "auto")))
@@ -106,14 +113,6 @@ class TensorrtBuildStage(Stage):
         return None
 
     def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
-        from optimize.runtimes.tensorrt.engine import (
-            BuildSettings,
-            EngineBuildError,
-            build_engine,
-            import_runtime,
-            profile_for_inputs,
-            timing_cache_file,
-        )
 
         opts = ctx.options
         status = self._gpu()
@@ -139,7 +138,6 @@ class TensorrtBuildStage(Stage):
 
         ranges = parse_shape_ranges(opts.get("shapes") or [])
         pinned = {name: tuple(arr.shape) for name, arr in ctx.feeds.items()}
-        from optimize.inputs import model_input_specs
 
         model_inputs = [(s.name, s.shape) for s in model_input_specs(source.model_path)]
         profile = profile_for_inputs(model_inputs, ranges, pinned)

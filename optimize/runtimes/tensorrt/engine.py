@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from optimize.errors import BackendUnavailable, InputError, LtoError, UsageError
-from optimize.files import sha256_bytes, sha256_file
+from optimize.files import sha256_bytes, sha256_file, write_bytes_atomic, write_json_atomic, write_text_atomic
 from optimize.gpu import GpuDevice, GpuStatus
 from optimize.shapes import ShapeRange
 
@@ -333,7 +333,6 @@ def build_engine(
     On a parser or builder failure raises EngineBuildError whose message names the offending
     node and whose full TensorRT log is written to `log_path`.
     """
-    from optimize.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 
     onnx_path, engine_path = Path(onnx_path), Path(engine_path)
     trt, runtime = import_runtime(settings.runtime)

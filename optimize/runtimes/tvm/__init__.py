@@ -16,6 +16,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from optimize.env import physical_cores
 from optimize.errors import BackendUnavailable, message_line
 
 INSTALL_HINT = "install the TVM extra: pip install 'lto-onnx[tvm]'"
@@ -74,8 +75,6 @@ def import_tvm(num_threads: int | None = None, *, for_tuning: bool = False) -> A
     if num_threads:
         os.environ["TVM_NUM_THREADS"] = str(int(num_threads))
     else:
-        from optimize.env import physical_cores
-
         os.environ.setdefault("TVM_NUM_THREADS", str(physical_cores()))
     os.environ.setdefault("TVM_BIND_THREADS", "0")
     if for_tuning:

@@ -24,6 +24,11 @@ import numpy as np
 
 from optimize.backend import Backend, TensorSpec
 from optimize.errors import BackendUnavailable, ModelError, UsageError, message_line
+from optimize.runtimes.tvm import import_tvm, tvm_version
+from optimize.runtimes.tvm.cpu_target import host_threads, missing_isa
+from optimize.runtimes.tvm.relax_build import flatten_outputs
+from optimize.runtimes.tvm.sidecar import read_sidecar, specs
+from optimize.runtimes.worker import SubprocessBackend
 
 DEFAULT_CONFIG: dict[str, Any] = {"num_threads": 0, "process": "isolated"}
 PROCESS_MODES = ("isolated", "inline")
@@ -31,7 +36,6 @@ PROCESS_MODES = ("isolated", "inline")
 
 def check_cpu_supports(sidecar: Mapping[str, Any], library: Path, have: set[str] | None = None) -> None:
     """Raise BackendUnavailable when this CPU lacks instructions the library was compiled to use."""
-    from optimize.runtimes.tvm.cpu_target import missing_isa
 
     missing = missing_isa(list(sidecar.get("isa_requires", [])), have)
     if missing:
@@ -50,7 +54,6 @@ class TvmBackend(Backend):
 
     def __init__(self, model_path: str | Path, config: Mapping[str, Any] | None = None) -> None:
         super().__init__(model_path, config)
-        from optimize.runtimes.tvm.sidecar import read_sidecar, specs
 
         cfg = self.config_with_defaults(DEFAULT_CONFIG)
         if cfg["process"] not in PROCESS_MODES:
@@ -67,8 +70,6 @@ class TvmBackend(Backend):
         check_cpu_supports(self.sidecar, self.model_path)
         self._remote: Backend | None = None
         if self.process == "isolated":
-            from optimize.runtimes.worker import SubprocessBackend
-
             self._remote = SubprocessBackend(
                 self.model_path,
                 {**self.config, "process": "inline"},
@@ -83,7 +84,6 @@ class TvmBackend(Backend):
     def child_env(num_threads: int) -> dict[str, str]:
         """Environment for a process that only runs TVM libraries: the runtime-only library
         (no 248 MB compiler mapped, ~100 MB less RSS) and the thread pool, read by TVM at import."""
-        from optimize.runtimes.tvm.cpu_target import host_threads
 
         return {
             "TVM_USE_RUNTIME_LIB": "1",
@@ -92,7 +92,6 @@ class TvmBackend(Backend):
         }
 
     def _load(self) -> None:
-        from optimize.runtimes.tvm import import_tvm
 
         tvm = import_tvm(self.num_threads or None)
         if self.num_threads > 0:
@@ -117,7 +116,6 @@ class TvmBackend(Backend):
             for s in self._inputs  # type: ignore[arg-type]
         ]
         self._out_names = [s.name for s in self._outputs]
-        from optimize.runtimes.tvm.relax_build import flatten_outputs
 
         self._flatten = flatten_outputs
         self._lock = threading.Lock()
@@ -150,7 +148,6 @@ class TvmBackend(Backend):
         return self._remote
 
     def describe(self) -> dict[str, Any]:
-        from optimize.runtimes.tvm import tvm_version
 
         base = {
             "backend": self.kind,

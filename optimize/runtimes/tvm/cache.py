@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from optimize.errors import LtoError
-from optimize.files import write_bytes_atomic, write_json_atomic
+from optimize.files import cache_root, write_bytes_atomic, write_json_atomic
 
 DB_FILES = ("database_workload.json", "database_tuning_record.json")
 META_FILE = "meta.json"
@@ -32,7 +32,6 @@ LOCK_FILE = ".lock"
 
 def default_cache_dir() -> Path:
     """$LTO_CACHE_DIR/tvm, else ~/.cache/lto/tvm (XDG_CACHE_HOME respected)."""
-    from optimize.files import cache_root
 
     return cache_root().expanduser() / "tvm"
 

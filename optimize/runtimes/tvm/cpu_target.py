@@ -13,7 +13,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from optimize.env import cpu_isa_flags, physical_cores
 from optimize.errors import UsageError, message_line
+from optimize.runtimes.tvm import import_tvm
 
 # LLVM target features -> the /proc/cpuinfo flag that says the CPU executes them. Only
 # instruction-set features are listed; LLVM's tuning features ("fast-15bytenop") are not ISA.
@@ -103,7 +105,6 @@ class TargetInfo:
 
 
 def default_num_cores() -> int:
-    from optimize.env import physical_cores
 
     return physical_cores()
 
@@ -134,7 +135,6 @@ def resolve_cpu_target(text: str | None = None, num_cores: int | None = None) ->
 
     Raises UsageError for a CPU LLVM does not know, for "native", and for non-CPU targets.
     """
-    from optimize.runtimes.tvm import import_tvm
 
     tvm = import_tvm()
     from tvm.target import codegen
@@ -187,8 +187,6 @@ def resolve_cpu_target(text: str | None = None, num_cores: int | None = None) ->
 def missing_isa(required: list[str] | tuple[str, ...], have: set[str] | None = None) -> list[str]:
     """Flags in `required` that this CPU (or `have`) lacks."""
     if have is None:
-        from optimize.env import cpu_isa_flags
-
         have = cpu_isa_flags()
     return sorted(set(required) - have)
 

@@ -32,9 +32,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from optimize.env import machine_fingerprint
 from optimize.errors import message_line
+from optimize.onnx_file import iter_nodes
 from optimize.options import check_table
+from optimize.runtimes.tvm import (
+    INSTALL_HINT,
+    check_tuning_dependencies,
+    import_tvm,
+    tvm_available,
+    tvm_ffi_version,
+    tvm_version,
+)
+from optimize.runtimes.tvm.cache import TuningCache, cache_key, default_cache_dir
+from optimize.runtimes.tvm.cpu_target import resolve_cpu_target
+from optimize.runtimes.tvm.relax_build import (
+    RECIPE_VERSION,
+    TvmImportError,
+    build,
+    count_scheduled,
+    fuse,
+    import_onnx,
+)
+from optimize.runtimes.tvm.sidecar import write_sidecar
 from optimize.runtimes.tvm.spec import TUNE_OPTIONS
+from optimize.runtimes.tvm.tuning import TuneProgress, TuneSettings, best_latencies_us, task_states, tune
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 
 if TYPE_CHECKING:
@@ -85,7 +107,6 @@ class TvmTuneStage(Stage):
     isolated: ClassVar[bool] = True
 
     def skip_reason(self, candidate: Candidate, ctx: StageContext) -> str | None:
-        from optimize.runtimes.tvm import INSTALL_HINT, check_tuning_dependencies, tvm_available
 
         if not tvm_available():
             return f"apache-tvm is not installed ({INSTALL_HINT})"
@@ -103,7 +124,6 @@ class TvmTuneStage(Stage):
     @staticmethod
     def source_model(ctx: StageContext) -> tuple[Path, str]:
         """The standard-op ONNX graph to compile, and a word on where it came from."""
-        from optimize.onnx_file import iter_nodes
 
         best = ctx.best_standard
         if best is not None and best.standard_ops and best.model_path.suffix == ".onnx":
@@ -135,19 +155,6 @@ class TvmTuneStage(Stage):
 
     def run(self, candidate: Candidate, ctx: StageContext) -> list[Candidate]:
         opts = _options(ctx.options)
-        from optimize.runtimes.tvm import import_tvm, tvm_ffi_version, tvm_version
-        from optimize.runtimes.tvm.cache import TuningCache, cache_key, default_cache_dir
-        from optimize.runtimes.tvm.cpu_target import resolve_cpu_target
-        from optimize.runtimes.tvm.relax_build import (
-            RECIPE_VERSION,
-            TvmImportError,
-            build,
-            count_scheduled,
-            fuse,
-            import_onnx,
-        )
-        from optimize.runtimes.tvm.sidecar import write_sidecar
-        from optimize.runtimes.tvm.tuning import TuneSettings, best_latencies_us, task_states, tune
 
         started = time.monotonic()
         import_tvm(opts.get("num_threads"), for_tuning=True)
@@ -332,13 +339,11 @@ class TvmTuneStage(Stage):
 
 
 def _fingerprint() -> str:
-    from optimize.env import machine_fingerprint
 
     return machine_fingerprint()
 
 
 def _chunk_progress(summary: TuneSummary) -> TuneProgress:
-    from optimize.runtimes.tvm.tuning import TuneProgress
 
     return TuneProgress(
         tasks_total=len(summary.tasks),

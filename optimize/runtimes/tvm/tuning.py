@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from optimize.errors import UsageError
-from optimize.runtimes.tvm.relax_build import task_hash
+from optimize.runtimes.tvm import worker_initializer
+from optimize.runtimes.tvm.relax_build import extract_tasks, task_hash
 
 
 @dataclass
@@ -133,8 +134,6 @@ def task_states(fused: Any, target: Any) -> list[TaskState]:
     """The tuning tasks of a fused module, heaviest (weight x FLOPs) first."""
     from tvm.s_tir.analysis import estimate_tir_flops
 
-    from optimize.runtimes.tvm.relax_build import extract_tasks
-
     states = []
     for task in extract_tasks(fused, target):
         try:
@@ -242,8 +241,6 @@ class Tuner:
 
     def __init__(self, target: Any, work_dir: Path, settings: TuneSettings) -> None:
         from tvm.s_tir import meta_schedule as ms
-
-        from optimize.runtimes.tvm import worker_initializer
 
         self.ms = ms
         self.target = target

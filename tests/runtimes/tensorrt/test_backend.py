@@ -325,7 +325,6 @@ class FakeContext:
 @pytest.fixture
 def fake_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, FakeCudart]:
     import optimize.runtimes.tensorrt.backend as trt_backend
-    import optimize.runtimes.tensorrt.engine as support
 
     cudart = FakeCudart()
     streams: dict[int, FakeStream] = {}
@@ -339,7 +338,7 @@ def fake_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, 
     cudart.cudaStreamCreate = create  # type: ignore[method-assign]
     fake_trt = FakeTrt(streams)
     monkeypatch.setattr(gpu, "gpu_status", lambda: FAKE_GPU)
-    monkeypatch.setattr(support, "import_runtime", lambda runtime="auto": (fake_trt, "tensorrt"))
+    monkeypatch.setattr(trt_backend, "import_runtime", lambda runtime="auto": (fake_trt, "tensorrt"))
     monkeypatch.setattr(trt_backend._Cuda, "__init__", lambda self: setattr(self, "rt", cudart))
     engine = tmp_path / "fake.engine"
     engine.write_bytes(b"good engine")

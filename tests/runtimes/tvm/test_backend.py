@@ -20,7 +20,7 @@ pytestmark = pytest.mark.tvm
 def test_artifact_files_and_refusal_on_a_cpu_without_the_isa(
     tuned: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import optimize.env
+    import optimize.runtimes.tvm.cpu_target as cpu_target
     from optimize.runtimes.tvm.backend import TvmBackend
     from optimize.runtimes.tvm.sidecar import SIDECAR_NAME
 
@@ -35,7 +35,7 @@ def test_artifact_files_and_refusal_on_a_cpu_without_the_isa(
     # A CPU that lacks one of the flags the target used: refused with the reason, no SIGILL.
     required = set(data["isa_requires"])
     dropped = "avx2" if "avx2" in required else sorted(required)[0]
-    monkeypatch.setattr(optimize.env, "cpu_isa_flags", lambda: set(required) - {dropped})
+    monkeypatch.setattr(cpu_target, "cpu_isa_flags", lambda: set(required) - {dropped})
     with pytest.raises(BackendUnavailable, match=f"uses instructions this CPU lacks: {dropped}"):
         TvmBackend(cand.model_path, {"process": "inline"})
 

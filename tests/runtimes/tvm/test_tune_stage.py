@@ -72,10 +72,10 @@ def embedding_model(path: Path) -> Path:
 
 
 def test_skipped_with_reason_when_tvm_is_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import optimize.runtimes.tvm as support
+    import optimize.runtimes.tvm.tune_stage as tune_stage
     from optimize.runtimes.tvm.tune_stage import TvmTuneStage
 
-    monkeypatch.setattr(support, "tvm_available", lambda: False)
+    monkeypatch.setattr(tune_stage, "tvm_available", lambda: False)
     model = mlp_model(tmp_path / "m.onnx")
     ctx = make_stage_context(tmp_path / "w", model, FEEDS)
     reason = TvmTuneStage().skip_reason(ctx.best_standard, ctx)
