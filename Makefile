@@ -48,9 +48,11 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -n 2 -m "not slow and not network and not tvm and not timing"
 
+# ruff, then the layers and import cycles ([tool.importlinter] in pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 format: install
 	$(BIN)/ruff format .

@@ -304,7 +304,7 @@ def test_accuracy_samples_never_use_the_calibration_seeds(tiny_model: Path, tmp_
     """The quantize stage calibrates on generated inputs seeded 1000 + i; the accuracy samples have a
     seed stream of their own, whatever --seed is."""
     from optimize.inputs import generated_samples
-    from optimize.runtimes.onnxruntime.quantize import generated_calibration
+    from optimize.runtimes.quantization import generated_calibration
     from tests.factories import make_stage_context
 
     ctx = make_stage_context(tmp_path / "work", tiny_model)

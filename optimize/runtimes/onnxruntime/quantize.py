@@ -39,7 +39,6 @@ import numpy as np
 from optimize.accuracy import AccuracyResult
 from optimize.env import cpu_isa_flags, has_vnni
 from optimize.errors import InputError, LtoError, message_line
-from optimize.inputs import generate_feeds, resolve_inputs
 from optimize.onnx_file import (
     NCHWC_DOMAIN,
     QUANT_OPS,
@@ -61,11 +60,8 @@ from optimize.runtimes.onnxruntime.quant_search import (
     search_space,
     workaround_for,
 )
-from optimize.runtimes.onnxruntime.quant_sensitivity import (
-    CONV_WEIGHT_OPS,
-    backoff_sizes,
-    rank_sensitive_nodes,
-)
+from optimize.runtimes.onnxruntime.quant_sensitivity import CONV_WEIGHT_OPS, rank_sensitive_nodes
+from optimize.runtimes.quantization import backoff_sizes, calibration_samples, generated_calibration
 from optimize.stage import Candidate, OnnxRuntimeStage, StageContext, StageSkipped
 
 if TYPE_CHECKING:
@@ -75,7 +71,6 @@ STATIC_OP_TYPES = ("Conv", "MatMul", "Gemm")
 MATMUL_WEIGHT_OPS = frozenset({"MatMul", "Gemm", "Attention", "FusedMatMul", "FusedGemm", "LSTM", "GRU"})
 FP16_SKIP_REASON = "fp16 skipped: onnxruntime's CPU provider runs fp16 through casts (never faster)"
 NOTHING_TO_QUANTIZE = "onnxruntime's quantizer found nothing to quantize"
-DEFAULT_CALIB_SAMPLES = 16
 DEFAULT_BACKOFF_ROUNDS = 3
 
 
@@ -121,59 +116,6 @@ def choose_mode(model: onnx.ModelProto, requested: str) -> tuple[str, str]:
 
 # ---------------------------------------------------------------------------------------------
 # Calibration data
-
-
-def _split_samples(name: str, array: np.ndarray, like: np.ndarray) -> list[np.ndarray]:
-    if array.dtype != like.dtype:
-        raise InputError(f"calibration array {name!r} is {array.dtype}, the model input is {like.dtype}")
-    if array.ndim == like.ndim + 1 and array.shape[1:] == like.shape:
-        return [np.require(a, requirements="C") for a in array]  # a scalar input stays 0-d
-    if array.ndim == like.ndim and array.shape[1:] == like.shape[1:] and like.ndim > 0:
-        batch = like.shape[0]
-        if array.shape[0] % batch == 0:
-            return [np.ascontiguousarray(array[i : i + batch]) for i in range(0, array.shape[0], batch)]
-    raise InputError(
-        f"calibration array {name!r} has shape {list(array.shape)}; expected {list(like.shape)} "
-        f"or samples stacked on a new first axis, e.g. {[8, *like.shape]}"
-    )
-
-
-def load_calibration(source: Any, like: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-    """Calibration feeds from an .npz path (samples along axis 0) or a list of feed dicts."""
-    if isinstance(source, (list, tuple)):
-        samples = [dict(s) for s in source]
-        for sample in samples:
-            missing = sorted(set(like) - set(sample))
-            if missing:
-                raise InputError(f"calibration sample lacks input {missing[0]!r}")
-        return samples
-    path = Path(str(source))
-    if not path.is_file():
-        raise InputError(f"calibration data not found: {path}", "pass an .npz with one array per model input")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except Exception as exc:
-        raise InputError(f"cannot read calibration data {path}: {exc}") from exc
-    missing = sorted(set(like) - set(arrays))
-    if missing:
-        raise InputError(f"calibration data {path.name} has no array for input {missing[0]!r}")
-    per_input = {name: _split_samples(name, arrays[name], like[name]) for name in like}
-    counts = {len(v) for v in per_input.values()}
-    if len(counts) != 1:
-        raise InputError(
-            f"calibration data {path.name}: inputs hold different numbers of samples {sorted(counts)}"
-        )
-    return [{name: per_input[name][i] for name in like} for i in range(counts.pop())]
-
-
-def generated_calibration(ctx: StageContext, count: int) -> list[dict[str, np.ndarray]]:
-    """Inputs drawn like the benchmark inputs (token ids in the vocab, masks of ones), other seeds."""
-
-    shapes = {name: tuple(int(d) for d in array.shape) for name, array in ctx.feeds.items()}
-    spec, _ = resolve_inputs(ctx.original_model, shapes)
-    # Seeds far from the benchmark seed so calibration never sees the accuracy-check inputs.
-    return [generate_feeds(spec, 1_000 + i) for i in range(count)]
 
 
 # ORT's own fused kernels (EXTENDED level) and NCHWc ops: the quantizer does not know them, so a
@@ -566,25 +508,6 @@ def _prepare(source: Path, ctx: StageContext, static: bool) -> tuple[Path, str]:
     return prepared, "; ".join(notes) or "none"
 
 
-def calibration_samples(
-    ctx: StageContext, purpose: str = "int8"
-) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
-    """(samples, where they came from): --calib-data (ctx.options["calib_data"]) or generated
-    inputs, with a warning, since synthetic activation ranges may not match real ones.
-    Shared by ONNX Runtime's and OpenVINO's int8 stages."""
-    count = int(ctx.options.get("calib_samples", DEFAULT_CALIB_SAMPLES))
-    source = ctx.options.get("calib_data")
-    if source is not None:
-        samples = load_calibration(source, ctx.feeds)
-        origin = str(source) if not isinstance(source, (list, tuple)) else "list"
-        return samples, {"source": origin, "samples": len(samples)}
-    ctx.warn(
-        f"calibrating {purpose} on {count} generated inputs (no --calib-data); activation ranges "
-        "from synthetic data may not match real inputs. Pass --calib-data FILE.npz for representative ranges."
-    )
-    return generated_calibration(ctx, count), {"source": "generated", "samples": count}
-
-
 class _Quantizer:
     """One point on one prepared model; each call writes a new file. Known ONNX Runtime failures
     are retried with their workaround (quant_search.WORKAROUNDS), kept for later calls."""
@@ -788,4 +711,4 @@ def _quiet() -> Any:
         root.setLevel(level)
 
 
-__all__ = ["QuantizeStage", "calibration_samples", "generated_calibration", "load_calibration"]
+__all__ = ["QuantizeStage"]

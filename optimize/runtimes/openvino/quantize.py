@@ -37,8 +37,6 @@ import openvino as ov
 from optimize.accuracy import AccuracyResult
 from optimize.errors import InputError, LtoError, message_line
 from optimize.onnx_file import op_counts, read_model
-from optimize.runtimes.onnxruntime.quant_sensitivity import backoff_sizes
-from optimize.runtimes.onnxruntime.quantize import calibration_samples
 from optimize.runtimes.openvino.convert import thread_choices
 from optimize.runtimes.openvino.ir import (
     candidate,
@@ -51,6 +49,7 @@ from optimize.runtimes.openvino.ir import (
     write_ir,
 )
 from optimize.runtimes.openvino.sensitivity import attention_matmuls, quantized_nodes, rank_sensitive_nodes
+from optimize.runtimes.quantization import backoff_sizes, calibration_samples
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 
 DEFAULT_BACKOFF_ROUNDS = 3

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from optimize.runtimes.onnxruntime.quant_sensitivity import channel_error
+from optimize.runtimes.quantization import channel_error
 
 # OpenVINO op types whose inputs NNCF quantizes (the ones an IgnoredScope entry helps).
 WEIGHTED_TYPES = frozenset(

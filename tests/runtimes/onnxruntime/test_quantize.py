@@ -17,8 +17,8 @@ from optimize.inputs import resolve_inputs
 from optimize.onnx_file import op_counts, read_model
 from optimize.runtimes.onnxruntime.operator_fusion import OperatorFusionStage
 from optimize.runtimes.onnxruntime.quant_search import output_head
-from optimize.runtimes.onnxruntime.quant_sensitivity import backoff_sizes
-from optimize.runtimes.onnxruntime.quantize import QuantizeStage, load_calibration
+from optimize.runtimes.onnxruntime.quantize import QuantizeStage
+from optimize.runtimes.quantization import backoff_sizes, load_calibration
 from optimize.stage import Candidate, StageContext, StageSkipped
 from tests.runtimes.onnxruntime.helpers import (
     BERT,
