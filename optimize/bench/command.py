@@ -20,6 +20,7 @@ from optimize.inputs import InputSpec, check_memory, feeds_from_spec, resolve_in
 from optimize.report import new_report
 from optimize.runtime_model import RuntimeModel
 from optimize.runtimes.backends import open_model, open_model_in_worker
+from optimize.runtimes.registry import backend_info
 
 Progress = Callable[[str, int, float], None]
 
@@ -98,9 +99,10 @@ def run_bench(request: BenchRequest, progress: Progress | None = None) -> dict[s
         return run_repeated(request, run_bench, progress)
     target = resolve_model(request.model, request.backend)
     overrides = dict(request.runtime_overrides)
-    if target.backend == "tvm":
-        # Alone in this process, TVM has no thread pool to fight: run it here, so the timings
-        # carry no inter-process cost. (--compare keeps it in its own process next to ORT.)
+    if backend_info(target.backend).own_worker:
+        # Alone in this process, a runtime that would isolate itself (TVM) has no thread pool to
+        # fight: run it here, so the timings carry no inter-process cost. (--compare keeps it in
+        # its own process next to ORT.)
         overrides.setdefault("process", "inline")
     measurements: list[Measurement] = []
     spec_json: dict[str, Any] | None = None

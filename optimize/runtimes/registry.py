@@ -1,20 +1,25 @@
 """The runtimes lto knows: one line per runtime folder.
 
-Each folder's `spec.py` says what the runtime offers (optimize.runtimes.spec); this list is the
-only place that names them all. Specs are light: nothing here imports a runtime library.
+Each folder's `spec.py` says what the runtime offers (optimize.runtimes.spec); `FOLDERS` is the
+only place that names them all, so adding a runtime is its folder and one line here. Specs are
+light: nothing here imports a runtime library.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from optimize.errors import UsageError
-from optimize.runtimes.onnxruntime.spec import SPEC as ONNXRUNTIME
-from optimize.runtimes.openvino.spec import SPEC as OPENVINO
 from optimize.runtimes.spec import BackendInfo, RuntimeSpec, StageInfo
-from optimize.runtimes.tensorrt.spec import SPEC as TENSORRT
-from optimize.runtimes.tvm.spec import SPEC as TVM
 
 # In the order a full recipe runs their stages.
-RUNTIMES: list[RuntimeSpec] = [ONNXRUNTIME, OPENVINO, TVM, TENSORRT]
+FOLDERS = (
+    "onnxruntime",
+    "openvino",
+    "tvm",
+    "tensorrt",
+)
+RUNTIMES: list[RuntimeSpec] = [importlib.import_module(f"optimize.runtimes.{f}.spec").SPEC for f in FOLDERS]
 
 
 def backend_infos() -> dict[str, BackendInfo]:
@@ -60,6 +65,7 @@ def quantize_stages() -> tuple[str, ...]:
 
 
 __all__ = [
+    "FOLDERS",
     "RUNTIMES",
     "backend_info",
     "backend_infos",
