@@ -67,7 +67,7 @@ corpus: install
 	$(BIN)/python -m corpus.fetch
 
 corpus-bench: corpus
-	$(BIN)/python benchmarks/corpus_speedups.py
+	$(BIN)/python -m benchmarks.corpus_speedups
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

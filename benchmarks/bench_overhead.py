@@ -6,7 +6,7 @@ For each sample model, in one process and one run, alternate rounds of
 and print the ratio of lto's per-run time (wall time of its timed loop / runs) to the bare
 loop's, with a bootstrap 95% CI over rounds. 1.00 means no overhead; the goal is < 1.05.
 
-    python benchmarks/bench_overhead.py [--rounds 20] [--runs 200]
+    python -m benchmarks.bench_overhead [--rounds 20] [--runs 200]
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ entry's task metric compares the artifact's outputs with the original's on the f
 own figure (its final side-by-side comparison), its exit code and what it left unverified are
 printed beside them.
 
-    .venv/bin/python benchmarks/corpus_speedups.py [NAMES...] [--modes calib,eval,none]
+    .venv/bin/python -m benchmarks.corpus_speedups [NAMES...] [--modes calib,eval,none]
         [--alone-rounds 5] [--time 3] [--keep] [--runtime onnxruntime] [--by-hand]
 
 --runtime is passed to `lto optimize`. --by-hand also measures what a user gets from ONNX
@@ -47,12 +47,10 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` and `optimize` importable
-    sys.path.insert(0, str(ROOT))
+from corpus import ENTRIES, CorpusError, Entry
+from corpus.data import Feed, write_calib_npz, write_input_npz
 
-from corpus import ENTRIES, CorpusError, Entry  # noqa: E402
-from corpus.data import Feed, write_calib_npz, write_input_npz  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -470,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(rows)
     print(table)
     md, js = args.out.with_suffix(".md"), args.out.with_suffix(".json")
-    command = " ".join([".venv/bin/python benchmarks/corpus_speedups.py", *(argv or sys.argv[1:])])
+    command = " ".join([".venv/bin/python -m benchmarks.corpus_speedups", *(argv or sys.argv[1:])])
     md.write_text(f"# lto on the real-model corpus\n\n`{command}`\n\n{table}")
     js.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()},
                               "rows": [asdict(r) for r in rows]}, indent=1))  # fmt: skip

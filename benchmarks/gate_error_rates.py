@@ -7,8 +7,8 @@ Over repeated trials it compares
 and prints both rates with the settings, the verdict counts and the slowdown of the slower
 copy as measured side by side in the same runs.
 
-    nice python benchmarks/gate_error_rates.py                      # resnet_tiny, 20 trials, +15%
-    nice python benchmarks/gate_error_rates.py --model sample_models/mlp_small.onnx --trials 10
+    nice python -m benchmarks.gate_error_rates                      # resnet_tiny, 20 trials, +15%
+    nice python -m benchmarks.gate_error_rates --model sample_models/mlp_small.onnx --trials 10
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -24,11 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.slow_model import make_slower  # noqa: E402
-from optimize.gate import (  # noqa: E402
+from benchmarks.slow_model import make_slower
+from optimize.gate import (
     REGRESSED,
     GateSettings,
     RerunRequest,
@@ -36,7 +32,9 @@ from optimize.gate import (  # noqa: E402
     parse_fraction,
     rerun_bench_settings,
 )
-from optimize.inputs import parse_shape_args  # noqa: E402
+from optimize.inputs import parse_shape_args
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

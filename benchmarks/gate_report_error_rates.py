@@ -12,9 +12,9 @@ and gates "same" and "slow" against the baseline with `gate_reports` (what `lto 
 drift over the session hits both alike. Prints both rates with 95% intervals, the verdicts,
 the reasons of inconclusive ones, the slowdown the gate measured and the machine's load.
 
-    nice -n 5 python benchmarks/gate_report_error_rates.py                 # resnet_tiny, 20 trials
-    nice -n 5 python benchmarks/gate_report_error_rates.py --model sample_models/mlp_small.onnx
-    python benchmarks/gate_report_error_rates.py --model PP-LCNET.onnx --shape x=1x3x48x192 --repeat 10
+    nice -n 5 python -m benchmarks.gate_report_error_rates                 # resnet_tiny, 20 trials
+    nice -n 5 python -m benchmarks.gate_report_error_rates --model sample_models/mlp_small.onnx
+    python -m benchmarks.gate_report_error_rates --model PP-LCNET.onnx --shape x=1x3x48x192 --repeat 10
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -30,16 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.gate_error_rates import wilson
+from benchmarks.slow_model import make_slower, shape_args
+from optimize.bench import BenchSettings
+from optimize.bench.command import BenchRequest, run_bench
+from optimize.gate import REGRESSED, GateSettings, gate_reports, parse_fraction
+from optimize.inputs import parse_shape_args
+from optimize.report import write_report
 
-from benchmarks.gate_error_rates import wilson  # noqa: E402
-from benchmarks.slow_model import make_slower, shape_args  # noqa: E402
-from optimize.bench import BenchSettings  # noqa: E402
-from optimize.bench.command import BenchRequest, run_bench  # noqa: E402
-from optimize.gate import REGRESSED, GateSettings, gate_reports, parse_fraction  # noqa: E402
-from optimize.inputs import parse_shape_args  # noqa: E402
-from optimize.report import write_report  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def slower_by_time(

@@ -1,6 +1,6 @@
 """TensorRT vs ONNX Runtime CUDA vs ONNX Runtime CPU on one model, measured side by side in one run.
 
-    python benchmarks/gpu_compare.py [--model sample_models/resnet_tiny.onnx] [--batch 1]
+    python -m benchmarks.gpu_compare [--model sample_models/resnet_tiny.onnx] [--batch 1]
                                      [--out reports/gpu-check/gpu-compare.json] [--require-gpu]
 
 Builds fp32 and fp16 TensorRT engines (fp16 = the graph converted to float16, float32 I/O kept),
@@ -24,18 +24,16 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from optimize.bench import BenchSettings, compare, measure
+from optimize.errors import LtoError
+from optimize.files import write_text_atomic
+from optimize.gpu import gpu_status
+from optimize.inputs import resolve_inputs
+from optimize.render.markdown import render_markdown
+from optimize.report import new_report, write_report
+from optimize.runtimes.backends import open_backend
 
-from optimize.bench import BenchSettings, compare, measure  # noqa: E402
-from optimize.errors import LtoError  # noqa: E402
-from optimize.files import write_text_atomic  # noqa: E402
-from optimize.gpu import gpu_status  # noqa: E402
-from optimize.inputs import resolve_inputs  # noqa: E402
-from optimize.render.markdown import render_markdown  # noqa: E402
-from optimize.report import new_report, write_report  # noqa: E402
-from optimize.runtimes.backends import open_backend  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def output_agreement(want: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:

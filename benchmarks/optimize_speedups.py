@@ -8,7 +8,7 @@ For every sample model this script:
    A/B in this process (optimize.bench.compare);
 4. prints the accuracy figures the pipeline recorded for the artifact.
 
-    .venv/bin/python benchmarks/optimize_speedups.py [--models resnet_tiny,bert_tiny,mlp_small] [--time 5]
+    .venv/bin/python -m benchmarks.optimize_speedups [--models resnet_tiny,bert_tiny,mlp_small] [--time 5]
 
 Numbers are ratios of medians measured side by side; on a shared machine absolute milliseconds drift,
 ratios much less.

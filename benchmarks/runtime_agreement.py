@@ -43,12 +43,10 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from corpus import ENTRIES, CorpusError
+from corpus.data import Feed, read_calib_npz, write_calib_npz
 
-from corpus import ENTRIES, CorpusError  # noqa: E402
-from corpus.data import Feed, read_calib_npz, write_calib_npz  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PAIRS = ("ort-int8", "ov-f32", "ov-bf16", "ov-int8", "no-spin")
 AGREE = 0.10  # the bound: lto's figure within ±10% of the alone figure

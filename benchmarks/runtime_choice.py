@@ -18,7 +18,7 @@ benchmarks/corpus_speedups.py:
    its chunk (ONNX Runtime's by default, OpenVINO's TBB workers) takes the cores from the other
    side's next runs, so the alone figures are the check on every cross-runtime ratio.
 
-    nice -n 5 .venv/bin/python benchmarks/runtime_choice.py [NAMES...] [--time 3]
+    nice -n 5 .venv/bin/python -m benchmarks.runtime_choice [NAMES...] [--time 3]
 
 Prints a Markdown table and writes it, with the rows as JSON, to reports/runtime-choice.{md,json};
 lto's output per run goes to reports/runtime-choice/<name>-<runtime>.log.
@@ -38,13 +38,11 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` and `optimize` importable
-    sys.path.insert(0, str(ROOT))
+from benchmarks.corpus_speedups import alone_speedups, lto_command, one_line_error
+from corpus import ENTRIES, CorpusError, Entry
+from corpus.data import Feed, write_calib_npz, write_input_npz
 
-from benchmarks.corpus_speedups import alone_speedups, lto_command, one_line_error  # noqa: E402
-from corpus import ENTRIES, CorpusError, Entry  # noqa: E402
-from corpus.data import Feed, write_calib_npz, write_input_npz  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RUNTIMES = ("onnxruntime", "openvino", "auto")
 COLUMNS = {"onnxruntime": "ORT-best", "openvino": "OpenVINO-best", "auto": "lto's choice"}
@@ -288,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             print(markdown(rows[-1:]).splitlines()[2], file=sys.stderr, flush=True)
     table = markdown(rows)
     print(table)
-    command = " ".join([".venv/bin/python benchmarks/runtime_choice.py", *(argv or sys.argv[1:])])
+    command = " ".join([".venv/bin/python -m benchmarks.runtime_choice", *(argv or sys.argv[1:])])
     md, js = args.out.with_suffix(".md"), args.out.with_suffix(".json")
     md.write_text(f"# ONNX Runtime vs OpenVINO, and lto's choice\n\n`{command}`\n\n{table}")
     js.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()},

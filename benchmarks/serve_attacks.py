@@ -8,8 +8,8 @@ normal client's requests got 200, and the server's peak RSS over its idle RSS (s
 20 ms). Issue 26's done-when: each attack gets the answer a trusted server gives, every normal
 request 200, RSS within 64 MB of idle under the header and body floods.
 
-    python benchmarks/serve_attacks.py                      # every attack, ~3 min
-    python benchmarks/serve_attacks.py --only header_line_8mb dribble --json attacks.json
+    python -m benchmarks.serve_attacks                      # every attack, ~3 min
+    python -m benchmarks.serve_attacks --only header_line_8mb dribble --json attacks.json
 """
 
 from __future__ import annotations

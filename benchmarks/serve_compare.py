@@ -12,7 +12,7 @@ with the same ONNX file and one ONNX Runtime intra-op thread in every server:
    FastAPI also with binary ones;
 3. lto serve and FastAPI under 3x their measured capacity for --overload-seconds: answers by
    status, goodput against capacity, server RSS against its idle figure, and a normal request
-   right after. Capacity and overload use the raw-socket load generator (benchmarks/raw_load.py),
+   right after. Capacity and overload use the raw-socket load generator (optimize/serve/raw_load.py),
    which needs a fifth of a core where the aiohttp client needed most of one: on 2 cores the
    generator would otherwise take the server's CPU and the goodput figure would measure that.
 
@@ -20,9 +20,9 @@ MLServer 1.7 pins fastapi/uvicorn versions that conflict with lto's, so it runs 
 environment of its own, created on first use under ~/.cache/lto (pip install mlserver==1.7.1
 and the same onnxruntime and numpy versions as here); --no-mlserver skips it.
 
-    nice -n 5 python benchmarks/serve_compare.py                       # both models, ~12 min
-    nice -n 5 python benchmarks/serve_compare.py --models cnn --out serve_compare.json
-    python benchmarks/serve_compare.py --only-overhead                 # step 1 only, ~1 min
+    nice -n 5 python -m benchmarks.serve_compare                       # both models, ~12 min
+    nice -n 5 python -m benchmarks.serve_compare --models cnn --out serve_compare.json
+    python -m benchmarks.serve_compare --only-overhead                 # step 1 only, ~1 min
 
 The load generator runs in this process and every server in its own; on a small machine they
 share the cores, so read ratios taken in the same run more than absolute rates.
@@ -45,14 +45,13 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.serve_overhead import low_load, raw_overhead, start_server, stop_server
+from corpus.entries import get as corpus_entry
+from optimize.serve.loadgen import Endpoint, HttpEndpoint, LoadSettings, run_load
+from optimize.serve.protocol import encode_request
+from optimize.serve.raw_load import infer_load
 
-from benchmarks.raw_load import infer_load  # noqa: E402
-from benchmarks.serve_overhead import low_load, raw_overhead, start_server, stop_server  # noqa: E402
-from corpus.entries import get as corpus_entry  # noqa: E402
-from optimize.serve.loadgen import Endpoint, HttpEndpoint, LoadSettings, run_load  # noqa: E402
-from optimize.serve.protocol import encode_request  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 MLSERVER_VERSION = "1.7.1"
 MLSERVER_VENV = Path.home() / ".cache" / "lto" / f"serve-bench-mlserver-{MLSERVER_VERSION}"

@@ -5,8 +5,8 @@ request, head and body together), through a fake transport, to an application th
 once; the figure is the median CPU time per request over rounds. Run it on two checkouts to
 compare two versions of `optimize/serve/http_layer.py` on the same machine, alternating:
 
-    python benchmarks/serve_http_cost.py                    # ~10 s
-    python benchmarks/serve_http_cost.py --requests 20000 --rounds 9
+    python -m benchmarks.serve_http_cost                    # ~10 s
+    python -m benchmarks.serve_http_cost --requests 20000 --rounds 9
 """
 
 from __future__ import annotations
@@ -14,15 +14,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from optimize.serve import http_layer as layer  # noqa: E402
+from optimize.serve import http_layer as layer
 
 
 class _Transport(asyncio.Transport):

@@ -10,9 +10,9 @@
 The load generator runs in this process, the servers in their own; on a small machine they
 share cores, so read the ratio more than the absolute rates.
 
-    python benchmarks/serve_overhead.py                                   # sample_models/mlp_small.onnx
-    python benchmarks/serve_overhead.py --model wide-mlp --slo-ms 50             # gains from batching
-    python benchmarks/serve_overhead.py --model sample_models/resnet_tiny.onnx --slo-ms 150
+    python -m benchmarks.serve_overhead                                   # sample_models/mlp_small.onnx
+    python -m benchmarks.serve_overhead --model wide-mlp --slo-ms 50             # gains from batching
+    python -m benchmarks.serve_overhead --model sample_models/resnet_tiny.onnx --slo-ms 150
 """
 
 from __future__ import annotations
@@ -31,20 +31,19 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.raw_load import binary_infer_request, http_request  # noqa: E402
-from optimize.inputs import parse_shape_args, resolve_inputs  # noqa: E402
-from optimize.runtimes.backends import open_backend  # noqa: E402
-from optimize.serve.batcher import Batcher, BatcherConfig  # noqa: E402
-from optimize.serve.loadgen import (  # noqa: E402
+from optimize.inputs import parse_shape_args, resolve_inputs
+from optimize.runtimes.backends import open_backend
+from optimize.serve.batcher import Batcher, BatcherConfig
+from optimize.serve.loadgen import (
     Endpoint,
     HttpEndpoint,
     InProcessEndpoint,
     LoadSettings,
     run_load,
 )
+from optimize.serve.raw_load import binary_infer_request, http_request
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # The runtime settings `lto serve MODEL.onnx` uses, so the model-alone figure is the same model.
 SERVE_CONFIG = {"allow_spinning": False}

@@ -5,24 +5,20 @@ MatMul+Tanh layers fed by the model's float input or output with the most rows, 
 its multiply-accumulates are `extra` x the model's (MatMul, Gemm and Conv counted). The chain
 is reduced to a scalar, multiplied by zero and added to a float output, so the runtime must
 compute it; Tanh keeps every value finite, so 0 * chain is exactly 0 and the outputs are
-bit-identical to the original's. The model surgery is `tests/models.py` (`add_extra_work`),
+bit-identical to the original's. The model surgery is `sample_models/variants.py` (`add_extra_work`),
 which the gate's tests use too.
 
-    python benchmarks/slow_model.py sample_models/mlp_small.onnx /tmp/mlp_slow.onnx --extra 15%
+    python -m benchmarks.slow_model sample_models/mlp_small.onnx /tmp/mlp_slow.onnx --extra 15%
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import onnx
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.models import add_extra_work  # noqa: E402
+from sample_models.variants import add_extra_work
 
 
 def make_slower(

@@ -9,7 +9,7 @@ faster: "p50 gain" is the ratio of medians (with its CI), "min gain" the ratio o
 runs, which foreign load on a shared machine disturbs least. Accuracy is the worst cosine over
 the model's outputs against the baseline.
 
-    python benchmarks/stage_variants.py [--time 3] [--models resnet_tiny bert_tiny mlp_small] [--threads 1]
+    python -m benchmarks.stage_variants [--time 3] [--models resnet_tiny bert_tiny mlp_small] [--threads 1]
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ other down when they share a process. The IPC column is what one call through th
 worker costs on top of the model (median of 200 calls, the child timing backend.run itself); the
 pipeline's interleaved comparison pays it (see optimize/runtimes/worker.py).
 
-    nice -n 10 .venv/bin/python benchmarks/tvm_tuning.py                       # all sample models
-    nice -n 10 .venv/bin/python benchmarks/tvm_tuning.py --trials-per-task 4 --models mlp_small
-    nice -n 10 .venv/bin/python benchmarks/tvm_tuning.py --json reports/tvm_tuning.json
+    nice -n 10 .venv/bin/python -m benchmarks.tvm_tuning                       # all sample models
+    nice -n 10 .venv/bin/python -m benchmarks.tvm_tuning --trials-per-task 4 --models mlp_small
+    nice -n 10 .venv/bin/python -m benchmarks.tvm_tuning --json reports/tvm_tuning.json
 
 Timings on a shared machine are noisy: read the ratios, and the stability column.
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +32,6 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 # Inputs pinned for the sample models' dynamic dims (batch 1; BERT at sequence 128).
 SHAPES: dict[str, dict[str, tuple[int, ...]]] = {

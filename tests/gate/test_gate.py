@@ -26,9 +26,9 @@ from optimize.gate import (
     pick_measurement,
 )
 from optimize.stats import bootstrap_ratio_ci
+from sample_models.variants import add_extra_work, count_macs
 from tests.cli_helpers import assert_clean_error, run_cli, run_lto
 from tests.conftest import SAMPLES, make_matmul_model, sample_path
-from tests.models import add_extra_work, count_macs
 
 SPEC = {
     "seed": 0,
