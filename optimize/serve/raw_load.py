@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from optimize.serve.protocol import HEADER_LENGTH, encode_request
+
 
 @dataclass
 class RawLoadResult:
@@ -112,7 +114,6 @@ def http_request(
 
 def binary_infer_request(feeds: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
     """Body and headers of a KServe v2 infer request for `feeds`, binary tensors both ways."""
-    from optimize.serve.protocol import HEADER_LENGTH, encode_request
 
     body, head_len = encode_request(feeds, binary=True, binary_outputs=True)
     return body, {HEADER_LENGTH: str(head_len), "Content-Type": "application/octet-stream"}
