@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import socket
@@ -477,6 +478,12 @@ def main() -> None:
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
         raise SystemExit(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
+    missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(
+            f"{', '.join(missing)} not installed: the comparison runs FastAPI/uvicorn beside lto serve "
+            "(pip install -e '.[serve-bench]')"
+        )
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="lto-serve-compare-") as tmp:
         for key in keys:
