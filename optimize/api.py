@@ -18,8 +18,12 @@ from optimize.errors import UsageError
 from optimize.inputs import InputSpec, feeds_from_spec, parse_shape_args, split_shape_args
 from optimize.onnx_file import load_model
 from optimize.pipeline import OptimizeRequest, optimize
+from optimize.pipeline.request import DEFAULT_TIME_BUDGET_S
 from optimize.runtimes.backends import open_backend
-from optimize.units import parse_duration, parse_percentile_key
+from optimize.units import NO_LIMIT_WORDS, parse_duration, parse_percentile_key
+
+# time_budget not given: the default bound, as on the command line.
+DEFAULT_BUDGET = object()
 
 if TYPE_CHECKING:
     import numpy as np
@@ -54,7 +58,8 @@ def optimize_model(
     `options` are `lto optimize`'s flags as keywords: target_percentile ("p99"), recipe,
     quantize, calib_data, shapes ({"input_ids": (1, 128)} or ["input_ids=1x128"]), input_data,
     eval_data, data (a folder of images, a text file, wav files) with preprocess and tokenizer,
-    batch, force, time_budget ("10m" or seconds), stop_at_target, enable, disable, tvm_options,
+    batch, force, time_budget ("10m" or seconds; default 2 minutes, None for the full search),
+    stop_at_target, enable, disable, tvm_options,
     seed. `output` defaults to reports/<model>-<time>/. The result has `artifact_dir`, `verdict`,
     `exit_code` (0 target met, 3 missed, 4 faster candidates left unverified), `records` (one per
     stage) and the full `report`.
@@ -67,7 +72,12 @@ def optimize_model(
     """
     from dataclasses import fields
 
-    known = {f.name for f in fields(OptimizeRequest)} - {"model_path", "target_ms", "out_dir"}
+    known = {f.name for f in fields(OptimizeRequest)} - {
+        "model_path",
+        "target_ms",
+        "out_dir",
+        "default_budget",
+    }
     known |= {"time_budget"}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -79,8 +89,12 @@ def optimize_model(
         pins, ranges = split_shape_args(_shape_args(options.pop("shapes")))
         options["shapes"] = pins
         options["shape_ranges"] = [*options.get("shape_ranges", []), *ranges]
-    time_budget = options.pop("time_budget", None)
-    if time_budget is not None:
+    time_budget = options.pop("time_budget", DEFAULT_BUDGET)
+    if time_budget is DEFAULT_BUDGET:
+        options["time_budget_s"], options["default_budget"] = DEFAULT_TIME_BUDGET_S, True
+    elif time_budget is None or str(time_budget).strip().lower() in NO_LIMIT_WORDS:
+        options["time_budget_s"] = None
+    else:
         options["time_budget_s"] = parse_duration(time_budget, "time_budget")
     if "target_percentile" in options:
         options["target_percentile"] = parse_percentile_key(options["target_percentile"], "target_percentile")

@@ -9,6 +9,7 @@ Kept free of heavy imports: the CLI builds its options from these parsers at imp
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 
@@ -89,9 +90,30 @@ def parse_percentile_key(text: str | float, option: str, choices: Iterable[str] 
     return key
 
 
+def clock_text(seconds: float) -> str:
+    """A duration as people read it on a progress line: 45s, 2m05s."""
+    whole = round(seconds)
+    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
+
+
 def duration_parser(option: str, minimum: float | None = None) -> Callable[[str | float], float]:
     """A typer `parser=` for a duration flag."""
     return lambda text: parse_duration(text, option, minimum=minimum)
+
+
+NO_LIMIT_WORDS = ("none", "off", "unlimited")
+
+
+def limit_parser(option: str, minimum: float | None = None) -> Callable[[str | float], float]:
+    """A typer `parser=` for a duration flag that may also say there is no limit ("none"): that
+    parses as infinity, so that a flag not given (None) stays apart from one given as none."""
+
+    def parse(text: str | float) -> float:
+        if isinstance(text, str) and text.strip().lower() in NO_LIMIT_WORDS:
+            return math.inf
+        return parse_duration(text, option, minimum=minimum)
+
+    return parse
 
 
 def percentile_parser(option: str) -> Callable[[str | float], float]:

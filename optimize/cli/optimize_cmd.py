@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -23,10 +24,10 @@ from optimize.errors import UsageError
 from optimize.inputs import split_shape_args
 from optimize.pipeline import OptimizeRequest, optimize
 from optimize.pipeline import Progress as Base
-from optimize.pipeline.request import parse_accuracy_spec
-from optimize.render.terminal import clock, optimize_row_line, render_optimize_summary
+from optimize.pipeline.request import DEFAULT_TIME_BUDGET_S, parse_accuracy_spec
+from optimize.render.terminal import optimize_row_line, render_optimize_summary
 from optimize.task_metrics import METRICS
-from optimize.units import duration_parser, percentile_key_parser
+from optimize.units import clock_text, limit_parser, percentile_key_parser
 
 if TYPE_CHECKING:
     from optimize.pipeline.record import StageRecord
@@ -40,6 +41,7 @@ EPILOG = """
   lto optimize model.onnx --recipe strict -o reports/model-strict/
   lto optimize model.onnx --recipe my.toml --quantize always --calib-data calib.npz
   lto optimize model.onnx --target-ms 2 --stop-at-target --time-budget 10m --json
+  lto optimize model.onnx --time-budget none   [dim](the full search; the default bound is 2 minutes)[/]
   lto optimize model.onnx --tvm          [dim](also try TVM tuning; slow)[/]
   lto optimize model.onnx --tvm --tvm-trials 200 --tvm-target x86-64-v3
   lto optimize model.onnx --tvm --rpc-tracker 127.0.0.1:9190 --rpc-key cpu  [dim](measure on a fleet)[/]
@@ -140,9 +142,11 @@ def optimize_command(
     time_budget: float | None = typer.Option(
         None,
         "--time-budget",
-        parser=duration_parser("--time-budget"),
+        parser=limit_parser("--time-budget"),
         metavar="DURATION",
-        help=f"Bound the whole run: {DURATION_UNITS_HELP}. Stages left when it runs out are skipped.",
+        help=f"Bound the search: {DURATION_UNITS_HELP}, or none for the full search. Default "
+        f"{clock_text(DEFAULT_TIME_BUDGET_S)}: stages run by expected gain per second, so the likely "
+        "winners come first; stages left when it runs out are skipped.",
     ),
     stop_at_target: bool = typer.Option(
         False, "--stop-at-target", help="Stop once the target is met with 95% confidence."
@@ -257,7 +261,8 @@ def optimize_command(
         batch=batch,
         out_dir=output,
         force=force,
-        time_budget_s=time_budget,
+        time_budget_s=DEFAULT_TIME_BUDGET_S if time_budget is None else _bounded(time_budget),
+        default_budget=time_budget is None,
         stop_at_target=stop_at_target,
         enable=[*enable, *(["tvm-tune"] if tvm else [])],
         tvm_options={
@@ -283,7 +288,8 @@ def optimize_command(
         command=["lto", *sys.argv[1:]] if sys.argv and sys.argv[0] else None,
     )
     request.validate()
-    with _RichProgress(show_rows=not json_out, budget_s=time_budget) as progress:
+    err_console.print(request.budget_line(), highlight=False, soft_wrap=True)
+    with _RichProgress(show_rows=not json_out, budget_s=request.time_budget_s) as progress:
         result = optimize(request, progress=progress)
     if json_out:
         print_json(result.report)
@@ -292,6 +298,11 @@ def optimize_command(
             result.report, result.artifact_dir, result.verdict, result.exit_code, console, err_console
         )
     raise typer.Exit(result.exit_code)
+
+
+def _bounded(seconds: float) -> float | None:
+    """--time-budget none parses as infinity: no bound."""
+    return None if math.isinf(seconds) else seconds
 
 
 def _accuracy_flags(spec: str | None, min_cosine: float | None, min_top1: float | None) -> dict[str, Any]:
@@ -375,7 +386,7 @@ class _RichProgress:
             return ""
 
         left = max(0.0, self.budget_s - (time.monotonic() - self._started))
-        return f"{clock(left)} of the {clock(self.budget_s)} budget left"
+        return f"{clock_text(left)} of the {clock_text(self.budget_s)} budget left"
 
     def plain_line(self, text: str, left: str) -> None:
         if not left or not self.show_rows or err_console.is_terminal:

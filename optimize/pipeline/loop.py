@@ -128,6 +128,7 @@ class Pipeline:
         with evaluator:
             base_meas = evaluator.start_baseline()
             record.results.append(base_meas.to_json())
+            record.became_best("baseline")
             record.add(
                 StageRecord(
                     stage="baseline",
@@ -228,6 +229,7 @@ class Pipeline:
         self.record.add(row)
         if worker is not None and row.speedup is not None:  # kept: the worker is now the best's
             evaluator.best.adopt(cand, worker, row.speedup, accuracy)
+            self.record.became_best(cand.label)
             self.record.status(f"{cand.label}: measuring alone, for the target")
             self.best_alone = evaluator.measure_alone(cand, worker)
             self.record.results.append(
@@ -478,6 +480,7 @@ class Pipeline:
             met=met,
             numerics=best_numerics,
             unverified=self._unverified_section(baseline, unverified),
+            time_to_best_s=record.best_at[best.label],
         )
         report = optimize_report(record, figures)
         section = report["optimize"]

@@ -129,6 +129,8 @@ class RunRecord:
     warnings: list[str] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)  # measurements, as JSON
+    # Seconds from the start at which each candidate became the best (the baseline's: measured).
+    best_at: dict[str, float] = field(default_factory=dict)
     # Known once the inputs are resolved (None: the run stopped before).
     input_spec: InputSpec | None = None
     accuracy_samples: int = 0
@@ -164,6 +166,9 @@ class RunRecord:
 
     def elapsed_s(self) -> float:
         return round(time.monotonic() - self.started, 3)
+
+    def became_best(self, label: str) -> None:
+        self.best_at[label] = self.elapsed_s()
 
     def all_warnings(self) -> list[str]:
         """The run's warnings, then the inputs' (padding, generated scalars)."""

@@ -30,11 +30,15 @@ from optimize.recipes import (
 )
 from optimize.runtimes.registry import quantize_stages, searched_runtimes, stage_runtime
 from optimize.thresholds import Thresholds
+from optimize.units import clock_text
 
 if TYPE_CHECKING:
     from optimize.accuracy import UserMetric
 
 PERCENTILES = ("p50", "p90", "p95", "p99")
+# The search's bound when none is given: stages run by expected gain per second (pipeline/order.py),
+# so the first two minutes hold the candidates that win on the corpus; `--time-budget none` runs all.
+DEFAULT_TIME_BUDGET_S = 120.0
 QUANTIZE_MODES = ("auto", "always", "never")
 # --runtime: which CPU runtime's stages make candidates (auto: every one, chosen by measurement).
 RUNTIME_CHOICES = ("auto", *searched_runtimes())
@@ -60,7 +64,9 @@ class OptimizeRequest:
     out_dir: Path | None = None
     # Replace an out_dir that looks like a damaged artifact (fsio.check_output_dir).
     force: bool = False
-    time_budget_s: float | None = None
+    time_budget_s: float | None = None  # None: no bound, the full search
+    # The bound is DEFAULT_TIME_BUDGET_S because none was given (the first line says how to widen it).
+    default_budget: bool = False
     stop_at_target: bool = False
     enable: list[str] = field(default_factory=list)
     disable: list[str] = field(default_factory=list)
@@ -79,6 +85,18 @@ class OptimizeRequest:
     preprocess: str | None = None  # --preprocess: how images become tensors
     tokenizer: Path | None = None  # --tokenizer tokenizer.json: how text lines become token ids
     command: list[str] | None = None  # the command line as typed, for the commands lto suggests
+
+    def budget_line(self) -> str:
+        """The run's first line: its time bound and how to change it."""
+        if self.time_budget_s is None:
+            return "time budget: none, the full search (--time-budget none)"
+        shown = clock_text(self.time_budget_s)
+        if self.default_budget:
+            return (
+                f"time budget: {shown}, the default (--time-budget 10m searches longer, "
+                "--time-budget none searches everything)"
+            )
+        return f"time budget: {shown} (--time-budget)"
 
     def validate(self) -> None:
         if self.target_ms is not None and not (self.target_ms > 0 and math.isfinite(self.target_ms)):

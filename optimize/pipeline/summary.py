@@ -50,6 +50,8 @@ class FinalFigures:
     numerics: str = "exact"
     # Faster candidates the rows could not verify, and how to verify them (None: there are none).
     unverified: dict[str, Any] | None = None
+    # Seconds from the start of the run until the artifact's candidate became the best.
+    time_to_best_s: float = 0.0
 
 
 def optimize_report(run: RunRecord, final: FinalFigures) -> dict[str, Any]:
@@ -91,6 +93,7 @@ def optimize_report(run: RunRecord, final: FinalFigures) -> dict[str, Any]:
         "warnings": run.all_warnings(),
         "log": run.logs[-200:],
         "elapsed_s": run.elapsed_s(),
+        "time_to_best_s": final.time_to_best_s,
     }
     settings = {
         "bench": run.bench_settings,
@@ -99,6 +102,7 @@ def optimize_report(run: RunRecord, final: FinalFigures) -> dict[str, Any]:
         "target_percentile": run.metric,
         "quantize": run.request.quantize,
         "time_budget_s": run.request.time_budget_s,
+        "time_budget_default": run.request.default_budget,
         "stop_at_target": run.request.stop_at_target,
     }
     report = new_report(

@@ -178,6 +178,11 @@ def render_markdown_section(section: Mapping[str, Any]) -> str:
             f"**{section['speedup']:.2f}x** vs the ONNX Runtime default baseline "
             f"(95% CI {slo:.2f}–{shi:.2f}, side by side, each in its own process)"
         )
+        if section.get("time_to_best_s") is not None:
+            lines.append(
+                f"- found after {section['time_to_best_s']:.0f} s of a {section['elapsed_s']:.0f} s run "
+                "(the best became the best then; the rest of the run confirmed nothing beat it)"
+            )
         acc = section.get("accuracy") or {}
         samples = section.get("accuracy_samples")
         source = acc.get("sample_source")

@@ -16,6 +16,7 @@ from rich.table import Table
 from optimize.render.common import gate_rows, pairs_word
 from optimize.render.optimize_section import accuracy_cell, table_rows
 from optimize.stats import tail_flags
+from optimize.units import clock_text
 
 
 def fmt_ms(value: float) -> str:
@@ -221,18 +222,13 @@ class BudgetProgress:
         self._current = (label, elapsed)
         spent = min(self.total_s, self._done_s + elapsed)
         left = max(0.0, self.total_s - spent)
-        eta = f"≤{clock(left)} left"
+        eta = f"≤{clock_text(left)} left"
         text = f"measuring {label}: {runs:,} runs, {elapsed:.1f}s"
         if self._live:
             self._bar.update(self._task, description=escape(text), completed=spent, eta=eta)
         elif not self._quiet and spent - self._last_line >= self.every_s:
             self._last_line = spent
             self.console.print(f"{text} ({eta})", highlight=False, markup=False)
-
-
-def clock(seconds: float) -> str:
-    whole = round(seconds)
-    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,6 +455,17 @@ def optimize_row_line(row: Mapping[str, Any]) -> str:
     return f"[{style}]{status:>8}[/] {label}{p50}  [dim]{reason}[/]"
 
 
+def _budget_words(report: Mapping[str, Any]) -> str:
+    settings = report.get("settings") or {}
+    if "time_budget_s" not in settings:
+        return ""
+    budget = settings["time_budget_s"]
+    if budget is None:
+        return " (no time budget: the full search)"
+    default = ", the default" if settings.get("time_budget_default") else ""
+    return f" (time budget {clock_text(budget)}{default})"
+
+
 def render_optimize_summary(
     report: Mapping[str, Any],
     artifact_dir: Any,
@@ -508,6 +515,13 @@ def render_optimize_summary(
         highlight=False,
         soft_wrap=True,
     )
+    if section.get("time_to_best_s") is not None:
+        console.print(
+            f"found after {clock_text(section['time_to_best_s'])} of a "
+            f"{clock_text(section['elapsed_s'])} run{_budget_words(report)}",
+            highlight=False,
+            soft_wrap=True,
+        )
     acc = section.get("accuracy") or {}
     if acc.get("sample_source"):
         console.print(f"judged on: {escape(str(acc['sample_source']))}", highlight=False, soft_wrap=True)
