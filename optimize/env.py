@@ -278,6 +278,21 @@ def has_vnni(flags: set[str]) -> bool:
     return bool(flags & set(VNNI_FLAGS))
 
 
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_class(flags: set[str]) -> str:
+    """What decides which candidates win on a CPU, in one word: native bf16 (OpenVINO's bf16
+    leads), int8 dot products (VNNI), AVX2 only, or other (ARM and older x86)."""
+    if flags & set(BF16_FLAGS):
+        return "bf16"
+    if has_vnni(flags):
+        return "vnni"
+    if "avx2" in flags:
+        return "avx2"
+    return "other"
+
+
 def nchwc_block_width(flags: set[str]) -> int | None:
     """Channel block ORT's NchwcTransformer uses on this CPU (None: no NCHWc kernels).
 

@@ -156,7 +156,7 @@ class Recipe:
         }
 
 
-def _recipes_dir() -> Path:
+def recipes_dir() -> Path:
     env = os.environ.get("LTO_RECIPES_DIR")
     if env:
         return Path(env)
@@ -166,7 +166,7 @@ def _recipes_dir() -> Path:
 
 
 def list_recipes() -> list[str]:
-    return sorted(p.stem for p in _recipes_dir().glob("*.toml"))
+    return sorted(p.stem for p in recipes_dir().glob("*.toml"))
 
 
 def resolve_recipe_path(name_or_path: str) -> Path:
@@ -176,7 +176,7 @@ def resolve_recipe_path(name_or_path: str) -> Path:
         if not candidate.is_file():
             raise UsageError(f"recipe file {name_or_path} does not exist")
         return candidate
-    path = _recipes_dir() / f"{name_or_path}.toml"
+    path = recipes_dir() / f"{name_or_path}.toml"
     if not path.is_file():
         known = ", ".join(list_recipes()) or "none found"
         raise UsageError(

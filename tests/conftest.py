@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"
+
+# lto optimize orders its stages partly by this machine's past runs (optimize/pipeline/order.py):
+# the tests' runs must neither read nor add to it, or one test would order another's stages.
+# Set for every process the tests start; the history's own tests set it to a file of their own.
+os.environ["LTO_HISTORY"] = "off"
 
 
 def make_matmul_model(

@@ -230,12 +230,15 @@ def compare_apart(
     progress: Callable[[int, float], None] | None = None,
     focus: Sequence[tuple[int, int]] | None = None,
     block_runs: Sequence[int] | None = None,
+    give_up: Callable[[ApartRun], bool] | None = None,
 ) -> ApartRun:
     """Time every side in its own worker, in alternating blocks, each after the others went idle.
 
     Stops once every pair in `focus` (default: the last side against each other) has a ratio CI
-    within ±target_ci_rel, or at the run/time budget, after at least 4 rounds and min_runs runs.
-    `block_runs` fixes the runs per block (to pool with an earlier run, see ApartRun.extend).
+    within ±target_ci_rel, once `give_up(run)` says the answer is known well enough (a candidate
+    whose interval can no longer beat the best, say), or at the run/time budget, each after at
+    least 4 rounds and min_runs runs. `block_runs` fixes the runs per block (to pool with an
+    earlier run, see ApartRun.extend).
     """
     settings = settings or BenchSettings()
     workers = [worker_of(b) for b in backends]
@@ -288,6 +291,9 @@ def compare_apart(
         if progress is not None:
             progress(sum(len(s) for s in run.samples), elapsed)
         enough = min(len(s) for s in run.samples) >= settings.min_runs and run.rounds >= 4
+        if enough and give_up is not None and give_up(run):
+            run.stopped_by = "given up"
+            break
         if enough and settings.target_ci_rel is not None and run.rounds >= next_check:
             next_check = int(run.rounds * 1.25) + 1
             if all(_halfwidth(run, i, j) <= settings.target_ci_rel for i, j in focus):

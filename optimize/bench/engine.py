@@ -65,7 +65,7 @@ class Measurement:
     samples_ms: list[float]
     warmup_runs: int
     wall_s: float
-    stopped_by: str  # "ci" | "runs" | "time"
+    stopped_by: str  # "ci" | "runs" | "time" | "given up" (a comparison that could no longer change)
     foreign_cpu_fraction: float | None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -232,6 +232,7 @@ class Comparison:
             "chunk_runs": list(self.chunk_runs),
             "first_in_even_chunks": "A",
             "ci_method": self.ci_method,
+            "stopped_by": self.b.stopped_by,
             "process": "own worker per side" if self.isolation is not None else "one process",
             **({"isolation": self.isolation} if self.isolation is not None else {}),
         }

@@ -164,6 +164,13 @@ def optimize_command(
         "wins), onnxruntime, or openvino. The baseline is always the original on ONNX Runtime.",
         metavar="RUNTIME",
     ),
+    search_order: str = typer.Option(
+        "gain",
+        "--search-order",
+        help="The order stages run in: gain (the likeliest win per second first, from the corpus "
+        "and this machine's past runs) or recipe (the recipe's order).",
+        metavar="ORDER",
+    ),
     tvm: bool = typer.Option(False, "--tvm", help="Same as --enable tvm-tune."),
     tvm_target: str | None = typer.Option(
         None,
@@ -263,6 +270,7 @@ def optimize_command(
         force=force,
         time_budget_s=DEFAULT_TIME_BUDGET_S if time_budget is None else _bounded(time_budget),
         default_budget=time_budget is None,
+        search_order=search_order,
         stop_at_target=stop_at_target,
         enable=[*enable, *(["tvm-tune"] if tvm else [])],
         tvm_options={

@@ -30,6 +30,7 @@ from optimize.pipeline.baseline import Baseline
 from optimize.pipeline.record import RunRecord, StageRecord, Status
 from optimize.runtime_model import RuntimeModel
 from optimize.runtimes.backends import open_backend, open_in_worker
+from optimize.runtimes.registry import runtime_of_backend
 
 Candidate = RuntimeModel
 MeasureFn = Callable[..., Measurement]  # optimize.bench.measure_where_it_runs's signature
@@ -78,6 +79,9 @@ class BestSoFar:
         self.accuracy = AccuracyResult(True, "", {})
         self.kept_chain: list[dict[str, Any]] = []
         self.standard = baseline  # the best standard-op candidate (for TVM / TensorRT / OpenVINO)
+        # The best candidate of each runtime: a stage starts from its own runtime's best (an ONNX
+        # Runtime stage cannot start from an OpenVINO IR), whichever runtime leads.
+        self.by_runtime: dict[str, Candidate] = {runtime_of_backend(baseline.backend).name: baseline}
 
     def adopt(self, cand: Candidate, worker: Backend, speedup: float, accuracy: AccuracyResult) -> None:
         self.close()
@@ -85,6 +89,11 @@ class BestSoFar:
         self.kept_chain.append({"stage": cand.label, **cand.details})
         if cand.standard_ops:
             self.standard = cand
+        self.by_runtime[runtime_of_backend(cand.backend).name] = cand
+
+    def of_runtime(self, runtime: str | None) -> Candidate:
+        """Where a stage of `runtime` starts: that runtime's best so far, else the best overall."""
+        return self.by_runtime.get(runtime or "", self.candidate)
 
     def close(self) -> None:
         if self.worker is not None:
@@ -307,14 +316,26 @@ class Evaluator:
                 labels.append(best.candidate.label)
             sides.append(_owned(owned, self.open_worker(cand)))
             labels.append(cand.label)
+            cand_i = len(sides) - 1
             run = self.compare_fn(
                 sides, [self.baseline.feeds] * len(sides), self.settings, labels, self.metric,
                 self._bench_progress(f"{cand.label} vs {best.candidate.label}"),
+                give_up=self._cannot_win(cand_i - 1, cand_i),
             )  # fmt: skip
-        cand_i = len(sides) - 1
         versus_baseline = run.comparison(0, cand_i)
         versus_best = run.comparison(cand_i - 1, cand_i) if cand_i == 2 else versus_baseline
         return sides[-1], versus_best, versus_baseline
+
+    def _cannot_win(self, best_i: int, cand_i: int) -> Callable[[ApartRun], bool]:
+        """Stop timing a candidate once even the fast end of its ratio's interval to the best is
+        short of the recipe's minimum gain: more runs would only say by how much it lost."""
+        needed = 1.0 - self.record.recipe.min_improvement
+
+        def cannot_win(run: ApartRun) -> bool:
+            _, lo, _ = run.ratio(best_i, cand_i, n=300)
+            return bool(lo > needed)
+
+        return cannot_win
 
     def _judge(
         self,

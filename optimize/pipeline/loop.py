@@ -22,10 +22,11 @@ from typing import Any
 from optimize.accuracy import MetricError, accuracy_json
 from optimize.artifact import write_artifact
 from optimize.bench import BenchSettings, Measurement
+from optimize.env import cpu_class, cpu_isa_flags, machine_fingerprint
 from optimize.errors import first_line
 from optimize.evidence import numerics
 from optimize.onnx_file import file_has_external_data
-from optimize.pipeline import judge
+from optimize.pipeline import judge, order
 from optimize.pipeline.baseline import Baseline, prepare_baseline, prepare_inputs
 from optimize.pipeline.evaluate import CompareFn, Evaluator, MeasureFn, WorkerFn, open_candidate
 from optimize.pipeline.isolation import run_in_child
@@ -41,6 +42,7 @@ from optimize.pipeline.summary import FinalFigures, PipelineResult, optimize_rep
 from optimize.recipes import Recipe, StageSpec
 from optimize.render.markdown import render_markdown
 from optimize.report import write_report
+from optimize.runtimes.registry import stage_runtime
 from optimize.runtimes.stages import load_stage
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 from optimize.stats import percentile_ci
@@ -94,6 +96,18 @@ class Pipeline:
         )
         self._deadline = self.record.started + request.time_budget_s if request.time_budget_s else None
         self._loaded: dict[str, Stage | StageSkipped] = {}
+        # The order the stages run in, by expected gain per second (pipeline/order.py).
+        self.cpu = cpu_class(cpu_isa_flags())
+        self.fingerprint = machine_fingerprint()
+        self.history = order.history_path()
+        past = order.read_history(self.history, self.fingerprint)
+        self.plan = order.plan(recipe.stages, model_kind, self.cpu, request.search_order, history=past)
+        self.record.search = {
+            "order": request.search_order,
+            "cpu_class": self.cpu,
+            "stages": [odds.to_json() for _, odds in self.plan],
+            "history": str(self.history) if self.history else None,
+        }
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -125,6 +139,7 @@ class Pipeline:
             record, baseline, self.settings, measure_fn=self.measure_fn, compare_fn=self.compare_fn,
             open_worker_fn=self.open_worker_fn,
         )  # fmt: skip
+        record.log(order.plan_line(self.plan, self.record.model_kind, self.cpu))
         with evaluator:
             base_meas = evaluator.start_baseline()
             record.results.append(base_meas.to_json())
@@ -158,7 +173,7 @@ class Pipeline:
         stop_reason = ""
         if self.request.stop_at_target and self._target_met(self.best_alone, confident=True):
             stop_reason = "the baseline already meets the target (--stop-at-target)"
-        for spec in self.recipe.stages:
+        for spec, _ in self.plan:
             t_stage = time.monotonic()
             reason = self._pre_skip_reason(spec, stop_reason)
             if reason:
@@ -172,7 +187,7 @@ class Pipeline:
                 record.add(opened)
                 continue
             stage, ctx = opened
-            items = self._stage_items(spec, stage, best.candidate, ctx)
+            items = self._stage_items(spec, stage, best.of_runtime(stage_runtime(spec.name)), ctx)
             produced = 0
             try:
                 for item in items:
@@ -201,6 +216,7 @@ class Pipeline:
                         break
             finally:
                 items.close()  # a generator stage stops here, its cleanup runs
+                record.stage_seconds[spec.name] = time.monotonic() - t_stage
             if produced == 0 and not any(r.stage == spec.name for r in record.records):
                 record.add(
                     StageRecord(spec.name, spec.name, Status.SKIPPED, "the stage produced no candidate")
@@ -303,8 +319,8 @@ class Pipeline:
     def _runnable_after(self, spec: StageSpec) -> list[StageSpec]:
         """The stages after `spec` that are on and can load: those a --time-budget is shared with
         (a runtime that is not installed reserves nothing)."""
-        names = [s.name for s in self.recipe.stages]
-        later = self.recipe.stages[names.index(spec.name) + 1 :]
+        names = [s.name for s, _ in self.plan]
+        later = [s for s, _ in self.plan[names.index(spec.name) + 1 :]]
         return [s for s in later if s.enabled and not isinstance(self._load_stage(s.name), StageSkipped)]
 
     def _open_stage(
@@ -350,7 +366,7 @@ class Pipeline:
             warn_fn=lambda text: record.warn(f"{spec.name}: {text}"),
         )
         try:
-            reason = stage.skip_reason(evaluator.best.candidate, ctx)
+            reason = stage.skip_reason(evaluator.best.of_runtime(stage_runtime(spec.name)), ctx)
         except Exception as exc:
             return self._stage_failure(spec, exc)
         if reason:
@@ -507,7 +523,28 @@ class Pipeline:
             force=self.request.force,
         )
         partial_report_path(record.out_dir).unlink(missing_ok=True)
+        order.append_history(self.history, self.fingerprint, self._outcomes(best, original, speedup))
         return PipelineResult(report, record.records, best, exit_code, record.out_dir, verdict)
+
+    def _outcomes(self, best: Candidate, original: Candidate, speedup: float) -> list[order.Outcome]:
+        """What each stage that measured or failed did in this run, for the history."""
+        record = self.record
+        winner = next(
+            (r.stage for r in reversed(record.records) if r.label == best.label and r.status == "kept"), None
+        )
+        ran = {r.stage for r in record.records if r.status not in (Status.SKIPPED, Status.BASELINE)}
+        return [
+            order.Outcome(
+                kind=record.model_kind,
+                cpu=self.cpu,
+                stage=name,
+                ran_s=seconds,
+                won=best is not original and name == winner,
+                gain=speedup if best is not original and name == winner else None,
+            )
+            for name, seconds in record.stage_seconds.items()
+            if name in ran
+        ]
 
     def _unverified_section(
         self, baseline: Baseline, candidates: list[dict[str, Any]]

@@ -131,6 +131,10 @@ class RunRecord:
     results: list[dict[str, Any]] = field(default_factory=list)  # measurements, as JSON
     # Seconds from the start at which each candidate became the best (the baseline's: measured).
     best_at: dict[str, float] = field(default_factory=dict)
+    # Seconds each stage that was opened ran, by stage name.
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    # How the stages were ordered (pipeline/order.py), for the report.
+    search: dict[str, Any] = field(default_factory=dict)
     # Known once the inputs are resolved (None: the run stopped before).
     input_spec: InputSpec | None = None
     accuracy_samples: int = 0

@@ -39,6 +39,7 @@ PERCENTILES = ("p50", "p90", "p95", "p99")
 # The search's bound when none is given: stages run by expected gain per second (pipeline/order.py),
 # so the first two minutes hold the candidates that win on the corpus; `--time-budget none` runs all.
 DEFAULT_TIME_BUDGET_S = 120.0
+SEARCH_ORDERS = ("gain", "recipe")
 QUANTIZE_MODES = ("auto", "always", "never")
 # --runtime: which CPU runtime's stages make candidates (auto: every one, chosen by measurement).
 RUNTIME_CHOICES = ("auto", *searched_runtimes())
@@ -67,6 +68,8 @@ class OptimizeRequest:
     time_budget_s: float | None = None  # None: no bound, the full search
     # The bound is DEFAULT_TIME_BUDGET_S because none was given (the first line says how to widen it).
     default_budget: bool = False
+    # --search-order: gain (expected gain per second, pipeline/order.py) | recipe (the recipe's order)
+    search_order: str = "gain"
     stop_at_target: bool = False
     enable: list[str] = field(default_factory=list)
     disable: list[str] = field(default_factory=list)
@@ -110,6 +113,10 @@ class OptimizeRequest:
             raise UsageError(f"--quantize {self.quantize!r}", f"choose one of: {', '.join(QUANTIZE_MODES)}")
         if self.runtime not in RUNTIME_CHOICES:
             raise UsageError(f"--runtime {self.runtime!r}", f"choose one of: {', '.join(RUNTIME_CHOICES)}")
+        if self.search_order not in SEARCH_ORDERS:
+            raise UsageError(
+                f"--search-order {self.search_order!r}", f"choose one of: {', '.join(SEARCH_ORDERS)}"
+            )
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise UsageError("--time-budget must be positive")
         if self.batch is not None and self.batch < 1:

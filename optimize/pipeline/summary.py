@@ -94,6 +94,8 @@ def optimize_report(run: RunRecord, final: FinalFigures) -> dict[str, Any]:
         "log": run.logs[-200:],
         "elapsed_s": run.elapsed_s(),
         "time_to_best_s": final.time_to_best_s,
+        "search": run.search,
+        "stage_seconds": {name: round(s, 3) for name, s in run.stage_seconds.items()},
     }
     settings = {
         "bench": run.bench_settings,

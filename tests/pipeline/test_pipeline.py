@@ -162,10 +162,19 @@ class FakeBench:
             for i, label in enumerate(labels)
         ]
         k = len(labels)
-        return ApartRun(
-            list(labels), ["onnxruntime"] * k, [1] * k, [self.BLOCK] * k, samples, self.ROUNDS, 0.1,
-            "runs", 0, metric, [[0.0] * self.ROUNDS for _ in labels],
-        )  # fmt: skip
+
+        def run_of(rounds: int, stopped_by: str) -> ApartRun:
+            return ApartRun(
+                list(labels), ["onnxruntime"] * k, [1] * k, [self.BLOCK] * k,
+                [list(side[: rounds * self.BLOCK]) for side in samples], rounds, 0.1, stopped_by, 0,
+                metric, [[0.0] * rounds for _ in labels],
+            )  # fmt: skip
+
+        give_up = kw.get("give_up")
+        early = run_of(4, "given up")  # compare_apart's first look: 4 rounds
+        if give_up is not None and give_up(early):
+            return early
+        return run_of(self.ROUNDS, "runs")
 
 
 class RecordingProgress(Progress):

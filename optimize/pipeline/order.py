@@ -1,0 +1,235 @@
+"""The order stages run in: the likeliest winner per second of search first.
+
+What wins is predictable per model kind and CPU (docs/search-order.md): OpenVINO bf16 where the CPU
+has native bf16, int8 for transformers, OpenVINO for convolution nets. Each stage gets odds from
+a prior kept in the recipes (`recipes/priors/search-order.toml`: on the corpus, how often the
+stage's candidate was the artifact, by how much it beat ONNX Runtime defaults then, and how long
+the stage ran), refined by this machine's history (`history.jsonl` in lto's cache: every finished
+run adds what each stage did). Stages run by expected gain per second, P(win) x ln(gain) / seconds;
+the recipe's order breaks ties. Under a --time-budget the likely winners are measured first and what is left
+when it runs out is the least likely to matter.
+
+Pure decisions and plain files: nothing here measures. The loop asks for the plan and, at the end
+of a run, records what happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from optimize.errors import UsageError
+from optimize.files import cache_root
+from optimize.recipes import StageSpec, recipes_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+PRIORS_FILE = "priors/search-order.toml"
+# $LTO_SEARCH_PRIOR: another prior file (benchmarks/first_minute.py orders each model's run by the
+# other models' results).
+PRIOR_ENV = "LTO_SEARCH_PRIOR"
+# $LTO_HISTORY: the history file, or "off" for none (the tests' default: their runs must not order
+# each other's stages).
+HISTORY_ENV = "LTO_HISTORY"
+# What a stage with no record at all is assumed to offer: even odds of a small win, at a cost
+# that puts it after every stage known to win here.
+UNKNOWN_GAIN = 1.1
+UNKNOWN_COST_S = 60.0
+# A stage never seen to win may still: its gain when it does is taken as this.
+NEVER_WON_GAIN = 1.1
+ORDERS = ("gain", "recipe")
+
+
+@dataclass(frozen=True)
+class Odds:
+    """What a stage is expected to bring, and from how much evidence."""
+
+    stage: str
+    tried: float  # runs in which it ran
+    won: float  # runs in which its candidate was the artifact
+    gain: float  # the artifact's speedup over ONNX Runtime defaults when it won (geometric mean)
+    cost_s: float  # seconds it ran (median)
+    source: str  # "corpus", "corpus + 3 runs here", "no record"
+
+    @property
+    def p_win(self) -> float:
+        """Chance of winning, with half a win and half a loss added (no record: even odds)."""
+        return (self.won + 0.5) / (self.tried + 1.0)
+
+    @property
+    def value_per_s(self) -> float:
+        """Expected gain per second of search: P(win) x ln(gain) / seconds."""
+        return self.p_win * math.log(max(self.gain, 1.0)) / max(self.cost_s, 1.0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "value_per_s": round(self.value_per_s, 6),
+            "p_win": round(self.p_win, 3),
+            "gain": round(self.gain, 3),
+            "cost_s": round(self.cost_s, 1),
+            "tried": self.tried,
+            "won": self.won,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one stage did in one finished run (a line of the history)."""
+
+    kind: str
+    cpu: str
+    stage: str
+    ran_s: float
+    won: bool
+    gain: float | None  # the artifact's speedup when this stage won
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "cpu": self.cpu, "stage": self.stage, "ran_s": round(self.ran_s, 1),
+                "won": self.won, "gain": self.gain}  # fmt: skip
+
+
+def load_priors(path: Path | None = None) -> list[dict[str, Any]]:
+    """The corpus prior's rows ([[stage]] tables: kind, cpu, stage, tried, won, gain, cost_s)."""
+    configured = os.environ.get(PRIOR_ENV)
+    source = path or (Path(configured) if configured else recipes_dir() / PRIORS_FILE)
+    if not source.is_file():
+        return []
+    try:
+        data = tomllib.loads(source.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"{source}: the search prior cannot be read: {exc}") from None
+    rows = data.get("stage", [])
+    for i, row in enumerate(rows):
+        missing = {"kind", "cpu", "stage", "tried", "won", "gain", "cost_s"} - set(row)
+        if missing:
+            raise UsageError(f"{source}: stage[{i}] lacks {', '.join(sorted(missing))}")
+    return list(rows)
+
+
+def history_path() -> Path | None:
+    """Where this machine's history lives (None: $LTO_HISTORY=off)."""
+    configured = os.environ.get(HISTORY_ENV)
+    if configured is not None:
+        return None if configured.strip().lower() in ("off", "none", "") else Path(configured)
+    return cache_root() / "history.jsonl"
+
+
+def read_history(path: Path | None, fingerprint: str) -> list[dict[str, Any]]:
+    """This machine's lines of the history (a damaged line is skipped: it is a cache)."""
+    if path is None or not path.is_file():
+        return []
+    rows: list[dict[str, Any]] = []
+    with contextlib.suppress(OSError), path.open(encoding="utf-8") as fh:
+        for line in fh:
+            with contextlib.suppress(ValueError):
+                row = json.loads(line)
+                if isinstance(row, dict) and row.get("fingerprint") == fingerprint:
+                    rows.append(row)
+    return rows
+
+
+def append_history(path: Path | None, fingerprint: str, outcomes: Iterable[Outcome]) -> None:
+    """Add a finished run's outcomes, one line each, in one write (lines from concurrent runs
+    do not interleave: O_APPEND writes of a few hundred bytes land whole)."""
+    if path is None:
+        return
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    text = "".join(
+        json.dumps({"at": stamp, "fingerprint": fingerprint, **o.to_json()}) + "\n" for o in outcomes
+    )
+    if not text:
+        return
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(text)
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def odds_for(
+    stage: str, kind: str, cpu: str, priors: Sequence[Mapping[str, Any]], history: Sequence[Mapping[str, Any]]
+) -> Odds:
+    """The prior for (kind, cpu, stage) — else the stage's rows on this CPU class for any kind —
+    with this machine's runs of the same kind and stage added."""
+    rows = [r for r in priors if r["stage"] == stage and r["cpu"] == cpu and r["kind"] == kind]
+    where = "corpus"
+    if not rows:
+        rows = [r for r in priors if r["stage"] == stage and r["cpu"] == cpu]
+        where = "corpus, other kinds"
+    tried = sum(float(r["tried"]) for r in rows)
+    won = sum(float(r["won"]) for r in rows)
+    log_gain = sum(float(r["won"]) * math.log(max(float(r["gain"]), 1e-9)) for r in rows)
+    costs = [float(r["cost_s"]) for r in rows]
+    here = [h for h in history if h.get("stage") == stage and h.get("kind") == kind and h.get("cpu") == cpu]
+    for h in here:
+        tried += 1
+        costs.append(float(h.get("ran_s") or 0.0))
+        if h.get("won") and h.get("gain"):
+            won += 1
+            log_gain += math.log(max(float(h["gain"]), 1e-9))
+    if not rows and not here:
+        return Odds(stage, 0.0, 0.0, UNKNOWN_GAIN, UNKNOWN_COST_S, "no record")
+    gain = math.exp(log_gain / won) if won else NEVER_WON_GAIN
+    source = where if rows else ""
+    if here:
+        source = f"{source} + {len(here)} run(s) here" if source else f"{len(here)} run(s) here"
+    return Odds(stage, tried, won, gain, _median(costs) if costs else UNKNOWN_COST_S, source)
+
+
+def plan(
+    stages: Sequence[StageSpec],
+    kind: str,
+    cpu: str,
+    order: str = "gain",
+    priors: Sequence[Mapping[str, Any]] | None = None,
+    history: Sequence[Mapping[str, Any]] = (),
+) -> list[tuple[StageSpec, Odds]]:
+    """The recipe's stages in the order they run, each with its odds. `order` "recipe" keeps the
+    recipe's order (the odds are still reported)."""
+    rows = load_priors() if priors is None else priors
+    scored = [(spec, odds_for(spec.name, kind, cpu, rows, history)) for spec in stages]
+    if order == "recipe":
+        return scored
+    if order != "gain":
+        raise UsageError(f"--search-order {order!r}", f"choose one of: {', '.join(ORDERS)}")
+    position = {spec.name: i for i, spec in enumerate(stages)}
+    return sorted(scored, key=lambda item: (-item[1].value_per_s, position[item[0].name]))
+
+
+def plan_line(planned: Sequence[tuple[StageSpec, Odds]], kind: str, cpu: str) -> str:
+    """One log line: the order, with each stage's expected gain per second."""
+    parts = [f"{spec.name} {odds.value_per_s * 1000:.2f}" for spec, odds in planned if spec.enabled]
+    return f"search order for a {kind} model on a {cpu} CPU (expected gain per 1000 s): " + ", ".join(parts)
+
+
+__all__ = [
+    "HISTORY_ENV",
+    "ORDERS",
+    "Odds",
+    "Outcome",
+    "append_history",
+    "history_path",
+    "load_priors",
+    "odds_for",
+    "plan",
+    "plan_line",
+    "read_history",
+]
