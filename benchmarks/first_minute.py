@@ -132,12 +132,24 @@ def prepare(entry: Entry, work: Path, args: argparse.Namespace, row: Row) -> Wor
     return Work(entry, model, inputs, calib, fresh)
 
 
-def search(w: Work, row: Row, name: str, work: Path, prior_file: Path | None) -> None:
-    print(f"[{w.entry.name}] lto optimize, {name} ...", file=sys.stderr, flush=True)
+def reused(out: Path, name: str) -> Search | None:
+    """An earlier run's search from its artifact's report (--reuse), or None."""
+    try:
+        report = json.loads((out / "report.json").read_text())
+    except (OSError, ValueError):
+        return None
+    section = report["optimize"]
+    return Search(name, wall_s=section["elapsed_s"], time_to_best_s=section.get("time_to_best_s"),
+                  pick=section["best"]["label"], lto_speedup=section["speedup"], report=report)  # fmt: skip
+
+
+def search(w: Work, row: Row, name: str, work: Path, prior_file: Path | None, reuse: bool) -> None:
     out = work / f"{w.entry.name}-{name}"
-    found = row.searches[name] = optimize(
-        w.entry, w.model, w.calib, w.inputs, out, SEARCHES[name], prior_file
-    )
+    found = reused(out, name) if reuse else None
+    if found is None:
+        print(f"[{w.entry.name}] lto optimize, {name} ...", file=sys.stderr, flush=True)
+        found = optimize(w.entry, w.model, w.calib, w.inputs, out, SEARCHES[name], prior_file)
+    row.searches[name] = found
     found.name = name
     if found.error:
         return
@@ -271,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=ROOT / "reports" / "first-minute", help="report path stem"
     )
+    parser.add_argument("--work", type=Path, default=None, help="keep the data and artifacts here")
+    parser.add_argument(
+        "--reuse", default="", help="comma-separated searches to take from --work when there (e.g. full)"
+    )
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in ENTRIES]
     if unknown:
@@ -279,17 +295,19 @@ def main(argv: list[str] | None = None) -> int:
     args.searches = ["full", "default", *(["recipe-order"] if args.recipe_order else [])]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows = [Row(entry.name) for entry in entries]
+    reuse = {name.strip() for name in args.reuse.split(",") if name.strip()}
     with tempfile.TemporaryDirectory(prefix="lto-first-minute-") as tmp:
-        work = Path(tmp)
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         prepared = [prepare(entry, work, args, row) for entry, row in zip(entries, rows, strict=True)]
         ready = [(w, row) for w, row in zip(prepared, rows, strict=True) if w is not None]
         for w, row in ready:  # every full search first: the default runs' priors come from them
-            search(w, row, "full", work, None)
+            search(w, row, "full", work, None, "full" in reuse)
         for w, row in ready:
             left_out = work / f"prior-without-{w.entry.name}.toml"
             left_out.write_text(prior([r for r in rows if r is not row]))
             for name in args.searches[1:]:
-                search(w, row, name, work, left_out)
+                search(w, row, name, work, left_out, name in reuse)
         for w, row in ready:
             measure(w, row, work, args)
             print(markdown([row], args.searches), file=sys.stderr, flush=True)

@@ -102,6 +102,7 @@ class Pipeline:
         self.history = order.history_path()
         past = order.read_history(self.history, self.fingerprint)
         self.plan = order.plan(recipe.stages, model_kind, self.cpu, request.search_order, history=past)
+        self._remaining: list[tuple[StageSpec, order.Odds]] = []  # the stages still to run, in order
         self.record.search = {
             "order": request.search_order,
             "cpu_class": self.cpu,
@@ -173,9 +174,15 @@ class Pipeline:
         stop_reason = ""
         if self.request.stop_at_target and self._target_met(self.best_alone, confident=True):
             stop_reason = "the baseline already meets the target (--stop-at-target)"
-        for spec, _ in self.plan:
+        self._remaining = list(self.plan)
+        while self._remaining:
+            if self.request.search_order == "gain":  # the best changed: so may the order
+                self._remaining = order.rank(self._remaining, best.speedup)
+            (spec, odds), self._remaining = self._remaining[0], self._remaining[1:]
             t_stage = time.monotonic()
-            reason = self._pre_skip_reason(spec, stop_reason)
+            reason = self._pre_skip_reason(spec, stop_reason) or self._not_worth_reason(
+                spec, odds, best.speedup
+            )
             if reason:
                 # Which candidate a target-based skip was decided on (the final comparison may revert it).
                 basis = {"decided_on": best.candidate.label}
@@ -319,9 +326,14 @@ class Pipeline:
     def _runnable_after(self, spec: StageSpec) -> list[StageSpec]:
         """The stages after `spec` that are on and can load: those a --time-budget is shared with
         (a runtime that is not installed reserves nothing)."""
-        names = [s.name for s, _ in self.plan]
-        later = [s for s, _ in self.plan[names.index(spec.name) + 1 :]]
+        later = [s for s, _ in self._remaining if s.name != spec.name]
         return [s for s in later if s.enabled and not isinstance(self._load_stage(s.name), StageSkipped)]
+
+    def _not_worth_reason(self, spec: StageSpec, odds: order.Odds, best: float) -> str:
+        """Under the default time budget and the gain order, a stage not worth its time."""
+        if not (self.request.default_budget and self.request.search_order == "gain" and spec.enabled):
+            return ""
+        return order.not_worth_reason(odds, best)
 
     def _open_stage(
         self, spec: StageSpec, evaluator: Evaluator, baseline: Baseline, workdir: Path

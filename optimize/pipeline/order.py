@@ -5,9 +5,15 @@ has native bf16, int8 for transformers, OpenVINO for convolution nets. Each stag
 a prior kept in the recipes (`recipes/priors/search-order.toml`: on the corpus, how often the
 stage's candidate was the artifact, by how much it beat ONNX Runtime defaults then, and how long
 the stage ran), refined by this machine's history (`history.jsonl` in lto's cache: every finished
-run adds what each stage did). Stages run by expected gain per second, P(win) x ln(gain) / seconds;
-the recipe's order breaks ties. Under a --time-budget the likely winners are measured first and what is left
-when it runs out is the least likely to matter.
+run adds what each stage did).
+
+Stages run by expected gain per second over the best so far, chosen again after every stage: a
+stage's gain when it wins is taken as log-normal around its corpus figure (GAIN_SPREAD), so its
+expected gain is P(win) x E[max(0, ln(G / best))], the expected improvement of Bayesian
+optimisation, divided by the seconds it takes. The recipe's order breaks ties. Under the default
+time budget a stage whose expected gain over the best so far is under MIN_EXPECTED_GAIN is not run
+(nothing like the best so far came of it on the corpus); an explicit --time-budget runs stages in
+this order until it is spent, and --time-budget none runs them all.
 
 Pure decisions and plain files: nothing here measures. The loop asks for the plan and, at the end
 of a run, records what happened.
@@ -24,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 from optimize.errors import UsageError
@@ -48,7 +55,14 @@ UNKNOWN_GAIN = 1.1
 UNKNOWN_COST_S = 60.0
 # A stage never seen to win may still: its gain when it does is taken as this.
 NEVER_WON_GAIN = 1.1
+# How far one model's gain from a stage may lie from the stage's corpus figure (the sd of ln G):
+# the corpus winners' speedups for one stage spread about this much between models.
+GAIN_SPREAD = 0.35
+# Under the default time budget, a stage whose expected gain over the best so far is below this
+# (1% as a log-ratio) is not run.
+MIN_EXPECTED_GAIN = math.log(1.01)
 ORDERS = ("gain", "recipe")
+_NORMAL = NormalDist()
 
 
 @dataclass(frozen=True)
@@ -67,15 +81,22 @@ class Odds:
         """Chance of winning, with half a win and half a loss added (no record: even odds)."""
         return (self.won + 0.5) / (self.tried + 1.0)
 
-    @property
-    def value_per_s(self) -> float:
-        """Expected gain per second of search: P(win) x ln(gain) / seconds."""
-        return self.p_win * math.log(max(self.gain, 1.0)) / max(self.cost_s, 1.0)
+    def expected_gain(self, best: float = 1.0) -> float:
+        """P(win) x E[max(0, ln(G / best))] for ln G ~ N(ln gain, GAIN_SPREAD^2): the expected
+        log-improvement over the best so far (`best`: its speedup over ONNX Runtime defaults)."""
+        margin = math.log(max(self.gain, 1e-9)) - math.log(max(best, 1e-9))
+        d = margin / GAIN_SPREAD
+        improvement = GAIN_SPREAD * _NORMAL.pdf(d) + margin * _NORMAL.cdf(d)
+        return self.p_win * max(improvement, 0.0)
+
+    def value_per_s(self, best: float = 1.0) -> float:
+        """Expected gain over the best so far per second of search."""
+        return self.expected_gain(best) / max(self.cost_s, 1.0)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "stage": self.stage,
-            "value_per_s": round(self.value_per_s, 6),
+            "value_per_s": round(self.value_per_s(), 6),
             "p_win": round(self.p_win, 3),
             "gain": round(self.gain, 3),
             "cost_s": round(self.cost_s, 1),
@@ -210,13 +231,31 @@ def plan(
         return scored
     if order != "gain":
         raise UsageError(f"--search-order {order!r}", f"choose one of: {', '.join(ORDERS)}")
-    position = {spec.name: i for i, spec in enumerate(stages)}
-    return sorted(scored, key=lambda item: (-item[1].value_per_s, position[item[0].name]))
+    return rank(scored, best=1.0)
+
+
+def rank(planned: Sequence[tuple[StageSpec, Odds]], best: float) -> list[tuple[StageSpec, Odds]]:
+    """The stages by expected gain per second over a best at `best`x, the given order breaking ties."""
+    position = {spec.name: i for i, (spec, _) in enumerate(planned)}
+    return sorted(planned, key=lambda item: (-item[1].value_per_s(best), position[item[0].name]))
+
+
+def not_worth_reason(odds: Odds, best: float) -> str:
+    """Why, under the default time budget, a stage is not run ("" when it is)."""
+    expected = odds.expected_gain(best)
+    if expected >= MIN_EXPECTED_GAIN:
+        return ""
+    record = f"won {odds.won:g} of {odds.tried:g} ({odds.source})" if odds.tried else odds.source
+    when = f", by {odds.gain:.2f}x when it won" if odds.won else ""
+    return (
+        f"expected gain over the best so far ({best:.2f}x) {math.expm1(expected):.1%}, under "
+        f"{math.expm1(MIN_EXPECTED_GAIN):.0%}: {record}{when}; --time-budget none runs every stage"
+    )
 
 
 def plan_line(planned: Sequence[tuple[StageSpec, Odds]], kind: str, cpu: str) -> str:
     """One log line: the order, with each stage's expected gain per second."""
-    parts = [f"{spec.name} {odds.value_per_s * 1000:.2f}" for spec, odds in planned if spec.enabled]
+    parts = [f"{spec.name} {odds.value_per_s() * 1000:.2f}" for spec, odds in planned if spec.enabled]
     return f"search order for a {kind} model on a {cpu} CPU (expected gain per 1000 s): " + ", ".join(parts)
 
 
@@ -228,8 +267,10 @@ __all__ = [
     "append_history",
     "history_path",
     "load_priors",
+    "not_worth_reason",
     "odds_for",
     "plan",
     "plan_line",
+    "rank",
     "read_history",
 ]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from optimize.env import cpu_class, cpu_isa_flags
 from optimize.errors import UsageError
 from optimize.pipeline import order
 from optimize.pipeline.evaluate import BestSoFar
@@ -56,6 +57,24 @@ def test_the_likeliest_win_per_second_runs_first_and_the_recipe_breaks_ties() ->
     ]
     with pytest.raises(UsageError, match="--search-order 'random'"):
         order.plan(STAGES, "transformer", "bf16", "random", priors=PRIORS)
+
+
+def test_the_expected_gain_is_over_the_best_so_far() -> None:
+    winner = order.odds_for("openvino-convert", "transformer", "bf16", PRIORS, [])
+    loser = order.odds_for("quantize", "transformer", "bf16", PRIORS, [])
+    assert winner.expected_gain(1.0) > winner.expected_gain(2.0) > winner.expected_gain(4.0) > 0
+    assert winner.expected_gain(1.0) > loser.expected_gain(1.0)
+    # Against a best at 2.8x, a stage that never won (gain 1.1x) is not worth a default run...
+    assert "expected gain over the best so far (2.80x)" in order.not_worth_reason(loser, 2.8)
+    assert "won 0 of 3 (corpus)" in order.not_worth_reason(loser, 2.8)
+    # ...against the original it is, and the likely winner is worth it against its own record.
+    assert order.not_worth_reason(loser, 1.0) == "" and order.not_worth_reason(winner, 2.8) == ""
+    # The order is chosen again as the best improves: a frequent small win first while nothing won,
+    # a rarer big one once the small win is already in hand.
+    small = (StageSpec("small"), order.Odds("small", 4, 4, 1.3, 20, "corpus"))
+    big = (StageSpec("big"), order.Odds("big", 9, 1, 3.0, 20, "corpus"))
+    assert _names(order.rank([big, small], best=1.0)) == ["small", "big"]
+    assert _names(order.rank([small, big], best=1.5)) == ["big", "small"]
 
 
 def test_this_machines_history_refines_the_prior(tmp_path: Path) -> None:
@@ -141,6 +160,30 @@ def test_time_to_best_and_the_search_go_into_the_report(
     assert result.report["settings"]["time_budget_default"] is False
     (line,) = [json.loads(text) for text in history.read_text().splitlines()]
     assert line["stage"] == "fake-fast" and line["won"] is True and line["gain"] == section["speedup"]
+
+
+def test_under_the_default_budget_a_stage_not_worth_its_time_is_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prior = tmp_path / "prior.toml"
+    cpu = cpu_class(cpu_isa_flags())
+    rows = [("fake-fast", 5, 2.0), ("fake-meh", 0, 1.0)]
+    prior.write_text("".join(
+        f"[[stage]]\nkind = 'default'\ncpu = '{cpu}'\nstage = '{name}'\ntried = 5\nwon = {won}\n"
+        f"gain = {gain}\ncost_s = 10\n\n"
+        for name, won, gain in rows
+    ))  # fmt: skip
+    monkeypatch.setenv("LTO_SEARCH_PRIOR", str(prior))
+    stages = {name: FakeStage(model_candidate(name)) for name in ("fake-meh", "fake-fast")}
+    speeds = {"fake-fast": 0.5, "fake-meh": 0.45}
+    result, _ = run_fake(tmp_path, stages, speeds, time_budget_s=120, default_budget=True)
+    rows_by_label = by_label(result)
+    assert [r.stage for r in result.records][1] == "fake-fast"  # the likely winner first
+    assert rows_by_label["fake-meh"].status == "skipped" and "won 0 of 5" in rows_by_label["fake-meh"].reason
+    # An explicit budget runs it (the order stays).
+    (tmp_path / "explicit").mkdir()
+    result, _ = run_fake(tmp_path / "explicit", stages, speeds, time_budget_s=120)
+    assert by_label(result)["fake-meh"].status != "skipped"
 
 
 def test_the_default_budget_and_none(tmp_path: Path) -> None:
