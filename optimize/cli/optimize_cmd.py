@@ -296,8 +296,9 @@ def optimize_command(
         command=["lto", *sys.argv[1:]] if sys.argv and sys.argv[0] else None,
     )
     request.validate()
-    err_console.print(request.budget_line(), highlight=False, soft_wrap=True)
-    with _RichProgress(show_rows=not json_out, budget_s=request.time_budget_s) as progress:
+    with _RichProgress(
+        show_rows=not json_out, budget_s=request.time_budget_s, first_line=request.budget_line()
+    ) as progress:
         result = optimize(request, progress=progress)
     if json_out:
         print_json(result.report)
@@ -348,9 +349,14 @@ def _task_metric_flags(items: list[str]) -> dict[str, str]:
 class _RichProgress:
     """A spinner with the current step on stderr; each finished row printed as it lands. With a
     --time-budget, the time left of it: a column on a terminal, a plain line at most every
-    `every_s` seconds when piped (a CI log shows no live spinner)."""
+    `every_s` seconds when piped (a CI log shows no live spinner).
 
-    def __init__(self, show_rows: bool, budget_s: float | None = None, every_s: float = 30.0) -> None:
+    `first_line` (the time budget and how to widen it) is printed before the run's first line of
+    its own: a run that ends in a usage or input error before any work prints that one line only."""
+
+    def __init__(
+        self, show_rows: bool, budget_s: float | None = None, every_s: float = 30.0, first_line: str = ""
+    ) -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         self.show_rows = show_rows
@@ -367,6 +373,8 @@ class _RichProgress:
             transient=True,
         )
         self._task: Any = None
+        self._first_line = first_line
+        self._working = False
         outer = self
 
         class Sink(Base):
@@ -377,12 +385,14 @@ class _RichProgress:
                 outer.plain_line(text, left)
 
             def record(self, record: StageRecord) -> None:
+                outer.begin()
                 if outer.show_rows:
                     outer._bar.console.print(
                         optimize_row_line(record.to_json()), highlight=False, soft_wrap=True
                     )
 
             def log(self, text: str) -> None:
+                outer.begin()
                 outer._bar.console.print(f"[dim]{text}[/]", highlight=False, soft_wrap=True)
 
         self.sink = Sink()
@@ -396,8 +406,15 @@ class _RichProgress:
         left = max(0.0, self.budget_s - (time.monotonic() - self._started))
         return f"{clock_text(left)} of the {clock_text(self.budget_s)} budget left"
 
+    def begin(self) -> None:
+        """The run's first printed line, once: the work has started."""
+        if not self._working:
+            self._working = True
+            if self._first_line:
+                self._bar.console.print(self._first_line, highlight=False, markup=False, soft_wrap=True)
+
     def plain_line(self, text: str, left: str) -> None:
-        if not left or not self.show_rows or err_console.is_terminal:
+        if not left or not self.show_rows or err_console.is_terminal or not self._working:
             return
         now = time.monotonic()
         if now - self._last_line >= self.every_s:
