@@ -23,6 +23,7 @@ The package, by role:
     baseline.py   the inputs, judging rows and reference outputs every candidate is judged against
     evaluate.py   load, check and time candidates (through optimize.bench only); owns every worker
     loop.py       the run: stages in order, each candidate evaluated, the artifact written
+    order.py      the order stages run in: expected gain per second (the corpus prior, this machine)
     judge.py      every keep/reject decision, the target verdict and the exit codes
     record.py     the run's record: rows (with their status as an enum), warnings, logs, results
     summary.py    the report built from the record, the partial report of a stopped run
