@@ -30,6 +30,7 @@ EPILOG = """
   lto bench --artifact out/m/ --batch 1,2,4,8,16 -o bench.json
   lto export out/m/ --triton models/ --batch-profile bench.json --slo-ms 20
   lto export out/m/ --triton models/ --name bert --storage-uri s3://b/models
+  lto export out/m/ --triton models/ --backend python --measure-batches 1,2,4,8
 
 Writes models/NAME/: config.pbtxt, 1/<model file>, inferenceservice.yaml and
 lto-export.json (what lto decided, and why). Then:
@@ -41,7 +42,8 @@ lto-export.json (what lto decided, and why). Then:
 Batching: of the measured batch sizes B with 2 x latency(B) within the SLO,
 the one with the highest throughput is max_batch_size and preferred size;
 the queue delay is what the SLO leaves. No profile: no dynamic batching.
-Refused: TVM artifacts (Triton has no TVM backend), TensorRT-RTX engines.
+Refused: TVM artifacts (Triton has no TVM backend: --backend python serves them with lto's own
+runtime inside Triton), TensorRT-RTX engines.
 """
 
 
@@ -79,6 +81,13 @@ def export(
     instances: int = typer.Option(
         1, "--instances", min=1, help="Triton model instances (instance_group count)."
     ),
+    backend: str = typer.Option(
+        "native",
+        "--backend",
+        help="native: the runtime's own Triton backend (onnxruntime, openvino, tensorrt); python: lto's "
+        "runtime inside Triton's python backend, with every setting lto measured (also TVM artifacts).",
+        metavar="BACKEND",
+    ),
     storage_uri: str | None = typer.Option(
         None, "--storage-uri", help="Where the cluster reads the repository (default: a placeholder)."
     ),
@@ -91,7 +100,7 @@ def export(
     check_thread_count(instances, "--instances", minimum=1)
     batches = parse_batches(measure_batches)
     # Before any measuring: what lto would refuse to export or replace is refused now, not after minutes.
-    target_name, manifest = preflight(artifact, triton, name)
+    target_name, manifest = preflight(artifact, triton, name, backend)
     profile = None
     if batch_profile is not None:
         profile = profile_from_report(batch_profile, manifest["files"][manifest["model_file"]]["sha256"])
@@ -123,6 +132,7 @@ def export(
             instances=instances,
             profile=profile,
             storage_uri=storage_uri,
+            backend=backend,
         )
     )
     from rich.markup import escape

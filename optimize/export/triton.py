@@ -19,19 +19,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optimize.artifact import read_manifest
+from optimize.artifact import MANIFEST, read_manifest
 from optimize.errors import LtoError, ModelError, UsageError
 from optimize.export import kserve
 from optimize.export.batching import BatchingPlan, BatchProfile, plan_batching
 from optimize.files import atomic_directory, sha256_file, write_json_atomic, write_text_atomic
-from optimize.runtimes.registry import RUNTIMES, runtime_of_backend
+from optimize.runtimes.registry import RUNTIMES, backend_info, runtime_of_backend
 from optimize.runtimes.spec import resolve
 from optimize.stats import PERCENTILES
-from optimize.triton.model import ModelIO, Tensor, TritonModel, instance_group
+from optimize.triton.model import ModelIO, Tensor, TritonModel, TritonRuntime, instance_group
 from optimize.triton.pbtxt import Enum, to_plain, to_text
 from optimize.version import __version__
 
 MARKER = "lto-export.json"
+# --backend: the runtime's own Triton backend, or lto's runtime inside Triton's python backend.
+BACKENDS = ("native", "python")
+# The python backend's model: copied as 1/model.py (never imported here: it needs Triton's
+# triton_python_backend_utils), with the artifact beside it in 1/artifact/.
+PYTHON_MODEL = Path(__file__).with_name("python_backend.py")
+ARTIFACT_FOLDER = "artifact"
 KSERVE_FILE = "inferenceservice.yaml"
 VERSION = "1"
 
@@ -65,6 +71,9 @@ class ExportRequest:
     instances: int = 1
     profile: BatchProfile | None = None
     storage_uri: str | None = None
+    # native: the runtime's own Triton backend (onnxruntime, openvino, tensorrt); python: lto's own
+    # runtime inside Triton's python backend (optimize/export/python_backend.py).
+    backend: str = "native"
 
 
 @dataclass
@@ -118,14 +127,20 @@ def verified_manifest(artifact: Path) -> dict[str, Any]:
     return manifest
 
 
-def triton_model(artifact: Path, manifest: dict[str, Any]) -> TritonModel:
-    """The artifact as Triton runs it, by its runtime's mapping (optimize/runtimes/*/triton.py)."""
+def triton_model(artifact: Path, manifest: dict[str, Any], backend: str = "native") -> TritonModel:
+    """The artifact as Triton runs it: by its runtime's mapping (optimize/runtimes/*/triton.py), or
+    in lto's own runtime inside Triton's python backend."""
+    if backend not in BACKENDS:
+        raise UsageError(f"--backend {backend!r}", f"choose one of: {', '.join(BACKENDS)}")
     spec = runtime_of_backend(str(manifest["backend"]))
+    if backend == "python":
+        return python_model(artifact, manifest, spec.triton)
     if spec.triton is None:
         exportable = ", ".join(s.name for s in RUNTIMES if s.triton)
         raise UsageError(
             f"Triton has no {spec.title} backend, so a {spec.title} artifact cannot be exported to it",
-            f"export an artifact of another runtime ({exportable}), or serve this one with lto serve",
+            f"export an artifact of another runtime ({exportable}), serve this one with lto serve, or "
+            "export it with --backend python (lto's runtime inside Triton)",
         )
     mapping: TritonModel = resolve(spec.triton)(artifact, manifest)
     return mapping
@@ -176,13 +191,44 @@ def _slo(request: ExportRequest, manifest: dict[str, Any]) -> tuple[float | None
     return None, percentile, ""
 
 
+def python_model(artifact: Path, manifest: dict[str, Any], native: str | None) -> TritonModel:
+    """Triton's python backend running the artifact with lto's own runtime: every setting lto
+    measured applies. The tensors are the native mapping's (declared dims, a dynamic batch axis)
+    where the runtime has one, else the shapes lto measured (no batching)."""
+    kind = str(manifest["backend"])
+    config = dict(manifest["runtime_config"])
+    gpu = backend_info(kind).device == "gpu"
+    runtime = TritonRuntime(
+        backend="python", model_file="model.py", instance_kind="KIND_GPU" if gpu else "KIND_CPU"
+    )
+    runtime.applied = {"lto runtime": kind, **config}
+    runtime.warnings.append(
+        f"the python backend runs lto's own {kind} runtime: the serving Triton's Python needs lto and "
+        "the runtime's packages (pip install lto-onnx and its extra for the runtime)"
+    )
+    if native is not None:
+        io = resolve(native)(artifact, manifest).io
+    else:
+        io = ModelIO(
+            [_pinned(t) for t in manifest["input_spec"]["inputs"]],
+            [_pinned(t) for t in manifest["outputs"]],
+            batch_limit=0,
+        )
+    return TritonModel(runtime, io)
+
+
+def _pinned(tensor: dict[str, Any]) -> Tensor:
+    return Tensor(str(tensor["name"]), str(tensor["dtype"]), tuple(int(d) for d in tensor["shape"]))
+
+
 def build_config(request: ExportRequest, manifest: dict[str, Any], name: str) -> ExportResult:
     artifact = request.artifact
-    model = triton_model(artifact, manifest)
+    model = triton_model(artifact, manifest, request.backend)
     runtime, io = model.runtime, model.io
     warnings = list(runtime.warnings)
     notes: list[str] = []
-    problem = _batch_axis_problem(io)
+    problem = "the runtime's shapes are fixed (lto measured them pinned)" if io.batch_limit == 0 else ""
+    problem = problem or _batch_axis_problem(io)
     plan: BatchingPlan | None = None
     profile_json: dict[str, Any] | None = None
     slo_ms, percentile, slo_source = _slo(request, manifest)
@@ -366,7 +412,30 @@ def _copy_model(
     return copied
 
 
-def preflight(artifact: Path, repository: Path, name: str | None) -> tuple[str, dict[str, Any]]:
+def _copy_artifact(artifact: Path, manifest: dict[str, Any], version_dir: Path) -> dict[str, str]:
+    """The python backend's model: model.py (lto's) and the whole artifact beside it, every copy
+    checked against the artifact's manifest; return name -> sha256 of what was copied."""
+    copied: dict[str, str] = {}
+    model_py = version_dir / "model.py"
+    shutil.copyfile(PYTHON_MODEL, model_py)
+    copied[f"{VERSION}/model.py"] = sha256_file(model_py)
+    target = version_dir / ARTIFACT_FOLDER
+    for rel, info in [*manifest["files"].items(), (MANIFEST, None)]:
+        dest = target / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(artifact / rel, dest)
+        digest = sha256_file(dest)
+        if info is not None and digest != info["sha256"]:
+            raise LtoError(
+                f"the copy of {rel} does not match the artifact's manifest (sha256); nothing was written"
+            )
+        copied[f"{VERSION}/{ARTIFACT_FOLDER}/{rel}"] = digest
+    return copied
+
+
+def preflight(
+    artifact: Path, repository: Path, name: str | None, backend: str = "native"
+) -> tuple[str, dict[str, Any]]:
     """Everything that can refuse the export, before any measuring: the model name, the folder it
     would replace, the artifact's files, and whether Triton can run its runtime at all."""
     model_name = name or artifact.resolve().name
@@ -377,7 +446,7 @@ def preflight(artifact: Path, repository: Path, name: str | None) -> tuple[str, 
         )
     check_model_dir(repository / model_name, artifact)
     manifest = verified_manifest(artifact)
-    triton_model(artifact, manifest)
+    triton_model(artifact, manifest, backend)
     return model_name, manifest
 
 
@@ -386,7 +455,7 @@ def export_triton(request: ExportRequest) -> ExportResult:
     artifact = request.artifact
     if request.instances < 1:
         raise UsageError("--instances must be at least 1")
-    name, manifest = preflight(artifact, request.repository, request.name)
+    name, manifest = preflight(artifact, request.repository, request.name, request.backend)
     target = request.repository / name
     result = build_config(request, manifest, name)
     runtime_file = str(result.config["default_model_filename"])
@@ -399,7 +468,10 @@ def export_triton(request: ExportRequest) -> ExportResult:
     ) as staging:
         version_dir = staging / VERSION
         version_dir.mkdir()
-        copied = _copy_model(artifact, manifest, runtime_file, version_dir)
+        if request.backend == "python":
+            copied = _copy_artifact(artifact, manifest, version_dir)
+        else:
+            copied = _copy_model(artifact, manifest, runtime_file, version_dir)
         write_text_atomic(staging / "config.pbtxt", result.config_text)
         write_text_atomic(staging / KSERVE_FILE, result.kserve_yaml)
         write_json_atomic(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from optimize.backend import Backend
+from optimize.env import physical_cores
 from optimize.runtime_model import RuntimeModel
 from optimize.runtimes.registry import backend_info
 from optimize.runtimes.spec import resolve
@@ -41,6 +42,24 @@ def open_in_worker(kind: str, model_path: str | Path, config: Mapping[str, Any] 
     return SubprocessBackend(model_path, settings, hosted_kind=kind, hosted_class=info.target)
 
 
+def shared_cores(kind: str, config: Mapping[str, Any], instances: int) -> dict[str, Any]:
+    """The settings over `config` for one of `instances` instances of backend `kind` sharing this
+    host's cores: its thread count capped at its share (threads beyond the cores make every
+    instance slower, also when the artifact was tuned as the only model on the machine), and the
+    runtime's settings for several instances (OpenVINO unpinned). Empty for one instance."""
+    if instances <= 1:
+        return {}
+    info = backend_info(kind)
+    settings: dict[str, Any] = {}
+    if info.threads_setting is not None:
+        share = max(1, physical_cores() // instances)
+        settings[info.threads_setting] = min(int(config.get(info.threads_setting) or share), share)
+    for key, value in info.several_instances.items():
+        if config.get(key) is None:
+            settings[key] = value
+    return settings
+
+
 def open_model(model: RuntimeModel, overrides: Mapping[str, Any] | None = None) -> Backend:
     """Load `model` into its runtime; `overrides` win over its stored runtime configuration."""
     return open_backend(model.backend, model.model_path, {**model.runtime_config, **(overrides or {})})
@@ -51,4 +70,11 @@ def open_model_in_worker(model: RuntimeModel, overrides: Mapping[str, Any] | Non
     return open_in_worker(model.backend, model.model_path, {**model.runtime_config, **(overrides or {})})
 
 
-__all__ = ["backend_class", "open_backend", "open_in_worker", "open_model", "open_model_in_worker"]
+__all__ = [
+    "backend_class",
+    "open_backend",
+    "open_in_worker",
+    "open_model",
+    "open_model_in_worker",
+    "shared_cores",
+]

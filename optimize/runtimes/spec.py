@@ -44,6 +44,7 @@ class BackendInfo:
     # Starts its own worker process when its config says process="isolated", instead of being
     # hosted by optimize.runtimes.worker (it must set its environment before its library loads).
     own_worker: bool = False
+    device: str = "cpu"  # cpu | gpu: where its models run (a Triton instance's kind)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from optimize.errors import InputError, UsageError
 from optimize.inputs import InputSpec, embedding_vocab_sizes, feeds_from_spec, resolve_inputs
 from optimize.onnx_file import load_model
 from optimize.runtime_model import RuntimeModel
-from optimize.runtimes.backends import open_backend
+from optimize.runtimes.backends import open_backend, shared_cores
 from optimize.runtimes.registry import backend_info, backend_infos
 
 
@@ -56,21 +56,12 @@ def open_instances(served: RuntimeModel, instances: int, threads: int | None = N
             raise UsageError(f"--threads applies to {splittable} models, not {served.backend}")
         check_thread_count(threads, "--threads", minimum=1)
         config[key] = threads
-    if key is not None and instances > 1 and threads is None:
-        cores = physical_cores()
-        if instances > cores:
-            raise UsageError(
-                f"--instances {instances} exceeds the {cores} physical cores here",
-                "more instances than cores only adds contention",
-            )
-        # Threads beyond the cores make every instance slower (oversubscription), also when
-        # the artifact was tuned as the only model on the machine (its threads = all cores).
-        share = max(1, cores // instances)
-        config[key] = min(int(config.get(key) or share), share)
-    if instances > 1:
-        for setting, value in info.several_instances.items():
-            if config.get(setting) is None:
-                config[setting] = value
+    if key is not None and instances > 1 and threads is None and instances > physical_cores():
+        raise UsageError(
+            f"--instances {instances} exceeds the {physical_cores()} physical cores here",
+            "more instances than cores only adds contention",
+        )
+    config.update(shared_cores(served.backend, config, instances))
     backends: list[Backend] = []
     try:
         for _ in range(instances):

@@ -14,8 +14,12 @@ SPEC = RuntimeSpec(
     title="ONNX Runtime",
     backends=(
         BackendInfo("onnxruntime", f"{_HERE}.backend:OrtBackend", **_CPU_SERVE),
-        BackendInfo("onnxruntime-cuda", f"{_HERE}.gpu_backend:OrtCudaBackend", "onnxruntime_onnx"),
-        BackendInfo("onnxruntime-trt", f"{_HERE}.gpu_backend:OrtTensorrtBackend", "onnxruntime_onnx"),
+        BackendInfo(
+            "onnxruntime-cuda", f"{_HERE}.gpu_backend:OrtCudaBackend", "onnxruntime_onnx", device="gpu"
+        ),
+        BackendInfo(
+            "onnxruntime-trt", f"{_HERE}.gpu_backend:OrtTensorrtBackend", "onnxruntime_onnx", device="gpu"
+        ),
     ),
     stages=(
         StageInfo(

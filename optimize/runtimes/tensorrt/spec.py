@@ -10,7 +10,7 @@ _HERE = "optimize.runtimes.tensorrt"
 SPEC = RuntimeSpec(
     name="tensorrt",
     title="TensorRT",
-    backends=(BackendInfo("tensorrt", f"{_HERE}.backend:TensorrtBackend", "tensorrt_plan"),),
+    backends=(BackendInfo("tensorrt", f"{_HERE}.backend:TensorrtBackend", "tensorrt_plan", device="gpu"),),
     stages=(
         StageInfo(
             "tensorrt-build",

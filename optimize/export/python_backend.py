@@ -1,0 +1,87 @@
+"""The model.py of a `lto export --triton REPO --backend python` model: the artifact served by lto's
+own runtime inside Triton's python backend, batched by Triton's dynamic batcher.
+
+Triton copies nothing and imports this file from REPO/<name>/1/model.py; the artifact it runs is
+beside it in 1/artifact/, verified (file hashes, this CPU) when the model loads. The serving
+Triton's Python must import lto and the artifact's runtime (pip install 'lto-onnx[openvino]' for an
+OpenVINO artifact, say). Every setting lto measured applies as lto applied it, including those
+Triton's native backends cannot express (OpenVINO with fused subgraphs off, ONNX Runtime with
+spinning off).
+
+Each model instance is a process of its own (Triton's python backend): with several instances, each
+takes its share of the cores, as `lto serve --instances` does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from optimize.artifact import resolve_model
+from optimize.backend import Backend
+from optimize.export.triton import ARTIFACT_FOLDER
+from optimize.runtimes.backends import open_model, shared_cores
+
+
+def split_rows(outputs: dict[str, np.ndarray], sizes: list[int]) -> list[dict[str, np.ndarray]]:
+    """One batched run's outputs split back into each request's rows, in order."""
+    parts: list[dict[str, np.ndarray]] = [{} for _ in sizes]
+    for name, array in outputs.items():
+        start = 0
+        for part, size in zip(parts, sizes, strict=True):
+            part[name] = np.ascontiguousarray(array[start : start + size])
+            start += size
+    return parts
+
+
+class TritonPythonModel:
+    """Triton's python-backend model interface: initialize, execute (a list of requests), finalize."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        config = json.loads(args["model_config"])
+        folder = Path(args["model_repository"]) / args["model_version"] / ARTIFACT_FOLDER
+        model = resolve_model(folder)  # refuses changed files and a CPU that lacks the ISA it needs
+        instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
+        self.backend: Backend = open_model(
+            model, shared_cores(model.backend, model.runtime_config, instances)
+        )
+        self.inputs = [str(tensor["name"]) for tensor in config["input"]]
+        self.outputs = [str(tensor["name"]) for tensor in config["output"]]
+        self.batched = int(config.get("max_batch_size", 0)) > 0
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        feeds = [
+            {name: pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in self.inputs}
+            for request in requests
+        ]
+        try:
+            results = self._run_all(feeds)
+        except Exception as exc:  # every request of the batch gets the error; the model stays up
+            error = pb_utils.TritonError(f"{type(exc).__name__}: {exc}")
+            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+        return [
+            pb_utils.InferenceResponse(
+                output_tensors=[
+                    pb_utils.Tensor(name, np.ascontiguousarray(result[name])) for name in self.outputs
+                ]
+            )
+            for result in results
+        ]
+
+    def _run_all(self, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """One model run for the whole dynamic batch where the requests stack, else one each."""
+        if not self.batched or len(feeds) == 1:
+            return [self.backend.run(f) for f in feeds]
+        shapes = {name: {f[name].shape[1:] for f in feeds} for name in self.inputs}
+        if any(len(tails) > 1 for tails in shapes.values()):
+            return [self.backend.run(f) for f in feeds]
+        stacked = {name: np.concatenate([f[name] for f in feeds]) for name in self.inputs}
+        sizes = [int(f[self.inputs[0]].shape[0]) for f in feeds]
+        return split_rows(self.backend.run(stacked), sizes)
+
+    def finalize(self) -> None:
+        self.backend.close()
