@@ -4,9 +4,10 @@ own runtime inside Triton's python backend, batched by Triton's dynamic batcher.
 Triton copies nothing and imports this file from REPO/<name>/1/model.py; the artifact it runs is
 beside it in 1/artifact/, verified (file hashes, this CPU) when the model loads. The serving
 Triton's Python must import lto and the artifact's runtime (pip install 'lto-onnx[openvino]' for an
-OpenVINO artifact, say). Every setting lto measured applies as lto applied it, including those
-Triton's native backends cannot express (OpenVINO with fused subgraphs off, ONNX Runtime with
-spinning off).
+OpenVINO artifact, say) and NumPy 1.x (the backend's stub is built against it: a NumPy 2 tensor
+reaches Triton empty), or $LTO_PYTHONPATH must name where they are. Every setting lto measured
+applies as lto applied it, including those Triton's native backends cannot express (OpenVINO with
+fused subgraphs off, ONNX Runtime with spinning off).
 
 Each model instance is a process of its own (Triton's python backend): with several instances, each
 takes its share of the cores, as `lto serve --instances` does.
@@ -15,16 +16,22 @@ takes its share of the cores, as `lto serve --instances` does.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import triton_python_backend_utils as pb_utils
+# Triton's python backend embeds an interpreter that ignores PYTHONPATH: $LTO_PYTHONPATH, when set,
+# names where lto and its runtimes are installed (a virtual environment's site-packages, say).
+sys.path[:0] = [path for path in os.environ.get("LTO_PYTHONPATH", "").split(os.pathsep) if path]
 
-from optimize.artifact import resolve_model
-from optimize.backend import Backend
-from optimize.export.triton import ARTIFACT_FOLDER
-from optimize.runtimes.backends import open_model, shared_cores
+import numpy as np  # noqa: E402  (after the path above)
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from optimize.artifact import resolve_model  # noqa: E402
+from optimize.backend import Backend  # noqa: E402
+from optimize.export.triton import ARTIFACT_FOLDER  # noqa: E402
+from optimize.runtimes.backends import open_model, shared_cores  # noqa: E402
 
 
 def split_rows(outputs: dict[str, np.ndarray], sizes: list[int]) -> list[dict[str, np.ndarray]]:

@@ -203,8 +203,9 @@ def python_model(artifact: Path, manifest: dict[str, Any], native: str | None) -
     )
     runtime.applied = {"lto runtime": kind, **config}
     runtime.warnings.append(
-        f"the python backend runs lto's own {kind} runtime: the serving Triton's Python needs lto and "
-        "the runtime's packages (pip install lto-onnx and its extra for the runtime)"
+        f"the python backend runs lto's own {kind} runtime: the serving Triton's Python needs lto, the "
+        "runtime's packages (pip install lto-onnx and its extra) and NumPy 1.x (the backend's stub is "
+        "built against it), or $LTO_PYTHONPATH naming where they are"
     )
     if native is not None:
         io = resolve(native)(artifact, manifest).io

@@ -3,8 +3,8 @@ python backend only: no onnxruntime, openvino or tensorrt backend), fetched from
 cache (pinned version, sha256 checked), started on a model repository and stopped.
 
 It runs on CPU-only machines. The python backend's stub embeds the system's libpython of the same
-minor version, so a python-backend model imports what PYTHONPATH gives it: lto's tests and
-benchmarks pass this interpreter's sys.path. Nothing here is needed to export a repository.
+minor version and ignores PYTHONPATH: lto's model.py reads $LTO_PYTHONPATH instead, and lto's tests
+and benchmarks pass this interpreter's sys.path there. Nothing here is needed to export a repository.
 """
 
 from __future__ import annotations
@@ -40,6 +40,13 @@ WHEELS = {
         "nvidia_pytriton-0.7.0-py3-none-manylinux_2_35_aarch64.whl",
         "f99e07ee56fe065337453956afba17d2673e02ec6a632c3de26ce6e7b32a0898",
     ),
+}
+# The python backend's stub is built against NumPy 1.x: a tensor made with NumPy 2 reaches Triton
+# empty ("output tensor shape does not match size of output"). Its models get this NumPy first on
+# their path (lto's runtimes, built against NumPy 2, run with it). By (Python, machine), with sha256.
+STUB_NUMPY = "numpy==1.26.4"
+STUB_NUMPY_WHEELS = {
+    ("3.11", "x86_64"): "666dbfb6ec68962c033a450943ded891bed2d54e6755e35e5835d63f4f6931d5",
 }
 _START_TIMEOUT_S = 120.0
 _STOP_TIMEOUT_S = 30.0
@@ -110,6 +117,49 @@ def install(cache: Path | None = None) -> Install:
     return found
 
 
+def stub_numpy(found: Install) -> Path:
+    """A folder holding NumPy 1.x for python-backend models (STUB_NUMPY), installed once beside
+    the server with pip (hash-checked)."""
+    key = (f"{sys.version_info.major}.{sys.version_info.minor}", platform.machine())
+    target = found.root / f"numpy-{key[0]}"
+    if (target / "numpy" / "__init__.py").is_file():
+        return target
+    if key not in STUB_NUMPY_WHEELS:
+        raise BackendUnavailable(
+            f"no pinned {STUB_NUMPY} wheel for Python {key[0]} on {key[1]} "
+            "(Triton's python backend needs NumPy 1.x)"
+        )
+    with tempfile.TemporaryDirectory(prefix="lto-stub-numpy-") as tmp:
+        requirements = Path(tmp) / "requirements.txt"
+        requirements.write_text(f"{STUB_NUMPY} --hash=sha256:{STUB_NUMPY_WHEELS[key]}\n")
+        staging = Path(tmp) / "target"
+        command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--only-binary=:all:",
+                   "--require-hashes", "-r", str(requirements), "--target", str(staging)]  # fmt: skip
+        proc = subprocess.run(command, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise BackendUnavailable(f"cannot install {STUB_NUMPY} for the python backend: {last}")
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.move(str(staging), target)
+    return target
+
+
+def _python_stub(found: Install) -> None:
+    """The python backend runs models through a stub built for one Python minor version: put this
+    interpreter's beside the backend, where Triton looks for it (nvidia-pytriton does the same)."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = found.stubs / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        shipped = ", ".join(sorted(p.name for p in found.stubs.iterdir())) if found.stubs.is_dir() else "none"
+        raise BackendUnavailable(
+            f"the tritonserver wheel has no python backend stub for Python {version} ({shipped})"
+        )
+    placed = found.backends / "python" / stub.name
+    if not placed.is_file() or _sha256(placed) != _sha256(stub):
+        shutil.copyfile(stub, placed)
+        placed.chmod(0o755)
+
+
 def _parent(root: Path) -> Path:
     root.parent.mkdir(parents=True, exist_ok=True)
     return root.parent
@@ -166,6 +216,7 @@ def start(
     """tritonserver on `repository`, HTTP and gRPC on free local ports, its output in `log`. With
     `wait_ready`, returns once every model is ready, and raises BackendUnavailable with the log's
     last lines when the server exits first or is not ready in time."""
+    _python_stub(found)
     http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
     command = [
         str(found.binary), f"--model-repository={repository}", f"--backend-directory={found.backends}",
@@ -173,10 +224,9 @@ def start(
         "--allow-grpc=true", *extra_args,
     ]  # fmt: skip
     run_env = {**os.environ, **(env or {})}
-    if python_path:
-        run_env["PYTHONPATH"] = os.pathsep.join([*python_path, run_env.get("PYTHONPATH", "")]).rstrip(
-            os.pathsep
-        )
+    if python_path:  # the stub's embedded interpreter ignores PYTHONPATH (python_backend.py)
+        paths = [str(stub_numpy(found)), *python_path]
+        run_env["LTO_PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=run_env)
     server = Server(process, f"http://127.0.0.1:{http_port}", grpc_port, log)
@@ -194,4 +244,4 @@ def start(
     raise BackendUnavailable(f"tritonserver did not become ready (exit {code}): {tail}")
 
 
-__all__ = ["VERSION", "Install", "Server", "install", "start"]
+__all__ = ["VERSION", "Install", "Server", "install", "start", "stub_numpy"]
