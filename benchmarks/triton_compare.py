@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--artifact", type=Path, required=True, help="an lto optimize artifact")
     parser.add_argument("--slo-ms", type=float, default=20.0, help="p99 SLO for the max-QPS search")
-    parser.add_argument("--batches", default="1,2,4,8,16", help="batch sizes Triton's batching is planned on")
+    parser.add_argument(
+        "--batches", default="1,2,4,8,16", help="batch sizes Triton's batching is planned on (none: none)"
+    )
     parser.add_argument("--lone-s", type=float, default=5.0, help="seconds of one-at-a-time requests")
     parser.add_argument("--step-s", type=float, default=3.0, help="seconds per rate of the max-QPS search")
     args = parser.parse_args(argv)
@@ -84,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="lto-triton-compare-") as tmp:
         repo = Path(tmp) / "repo"
-        lto("export", args.artifact, "--triton", repo, "--name", "m", "--backend", "python",
-            "--measure-batches", args.batches, "--slo-ms", f"{args.slo_ms}")  # fmt: skip
+        batching = [] if args.batches == "none" else ["--measure-batches", args.batches]
+        lto("export", args.artifact, "--triton", repo, "--name", "m", "--backend", "python", *batching,
+            "--slo-ms", f"{args.slo_ms}")  # fmt: skip
         print("Triton (python backend) ...", file=sys.stderr, flush=True)
         server = tritonserver.start(found, repo, Path(tmp) / "triton.log", python_path=sys.path)
         try:
