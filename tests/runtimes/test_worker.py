@@ -53,6 +53,8 @@ def test_subprocess_backend_reports_load_errors_and_death(tmp_path: Path) -> Non
         hosted.close()
 
 
+# timing: it bounds how fast the worker ends in wall-clock seconds, which a test beside it stretches.
+@pytest.mark.timing
 def test_an_interrupted_request_ends_the_worker_at_once(tmp_path: Path) -> None:
     """Ctrl-C reaches lto's whole group: the worker ignores it, and lto, interrupted while the
     worker is busy, ends it rather than waiting for it to finish and read "close"."""
