@@ -535,10 +535,10 @@ class Pipeline:
             force=self.request.force,
         )
         partial_report_path(record.out_dir).unlink(missing_ok=True)
-        order.append_history(self.history, self.fingerprint, self._outcomes(best, original, speedup))
+        order.append_history(self.history, self.fingerprint, self._stage_runs(best, original, speedup))
         return PipelineResult(report, record.records, best, exit_code, record.out_dir, verdict)
 
-    def _outcomes(self, best: Candidate, original: Candidate, speedup: float) -> list[order.Outcome]:
+    def _stage_runs(self, best: Candidate, original: Candidate, speedup: float) -> list[order.StageRun]:
         """What each stage that measured or failed did in this run, for the history."""
         record = self.record
         winner = next(
@@ -546,7 +546,7 @@ class Pipeline:
         )
         ran = {r.stage for r in record.records if r.status not in (Status.SKIPPED, Status.BASELINE)}
         return [
-            order.Outcome(
+            order.StageRun(
                 kind=record.model_kind,
                 cpu=self.cpu,
                 stage=name,

@@ -107,7 +107,7 @@ class Odds:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class StageRun:
     """What one stage did in one finished run (a line of the history)."""
 
     kind: str
@@ -162,14 +162,14 @@ def read_history(path: Path | None, fingerprint: str) -> list[dict[str, Any]]:
     return rows
 
 
-def append_history(path: Path | None, fingerprint: str, outcomes: Iterable[Outcome]) -> None:
+def append_history(path: Path | None, fingerprint: str, runs: Iterable[StageRun]) -> None:
     """Add a finished run's outcomes, one line each, in one write (lines from concurrent runs
     do not interleave: O_APPEND writes of a few hundred bytes land whole)."""
     if path is None:
         return
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     text = "".join(
-        json.dumps({"at": stamp, "fingerprint": fingerprint, **o.to_json()}) + "\n" for o in outcomes
+        json.dumps({"at": stamp, "fingerprint": fingerprint, **run.to_json()}) + "\n" for run in runs
     )
     if not text:
         return
@@ -263,7 +263,7 @@ __all__ = [
     "HISTORY_ENV",
     "ORDERS",
     "Odds",
-    "Outcome",
+    "StageRun",
     "append_history",
     "history_path",
     "load_priors",

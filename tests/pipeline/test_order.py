@@ -79,7 +79,7 @@ def test_the_expected_gain_is_over_the_best_so_far() -> None:
 
 def test_this_machines_history_refines_the_prior(tmp_path: Path) -> None:
     history = tmp_path / "history.jsonl"
-    win = order.Outcome("transformer", "bf16", "quantize", ran_s=10.0, won=True, gain=3.5)
+    win = order.StageRun("transformer", "bf16", "quantize", ran_s=10.0, won=True, gain=3.5)
     for _ in range(6):
         order.append_history(history, "this-machine", [win])
     order.append_history(history, "another-machine", [win])
