@@ -201,7 +201,7 @@ def python_model(artifact: Path, manifest: dict[str, Any], native: str | None) -
     runtime = TritonRuntime(
         backend="python", model_file="model.py", instance_kind="KIND_GPU" if gpu else "KIND_CPU"
     )
-    runtime.applied = {"lto runtime": kind, **config}
+    runtime.applied = {"lto runtime": kind, **{k: v for k, v in config.items() if v is not None}}
     runtime.warnings.append(
         f"the python backend runs lto's own {kind} runtime: the serving Triton's Python needs lto, the "
         "runtime's packages (pip install lto-onnx and its extra) and NumPy 1.x (the backend's stub is "
