@@ -1,0 +1,101 @@
+"""The python-backend model lto exports (optimize/export/python_backend.py), driven as Triton drives
+it, with a stand-in for Triton's triton_python_backend_utils: one model run per dynamic batch, each
+request's rows back to it, an error for every request of a batch that failed."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.cli_helpers import run_cli
+from tests.conftest import make_matmul_model
+
+
+class _Tensor:
+    def __init__(self, name: str, array: np.ndarray) -> None:
+        self.name, self.array = name, array
+
+    def as_numpy(self) -> np.ndarray:
+        return self.array
+
+
+class _Response:
+    def __init__(self, output_tensors: list[_Tensor] | None = None, error: Any = None) -> None:
+        self.outputs = {t.name: t.array for t in output_tensors or []}
+        self.error = error
+
+
+@pytest.fixture
+def model_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    utils = types.ModuleType("triton_python_backend_utils")
+    utils.Tensor = _Tensor  # type: ignore[attr-defined]
+    utils.InferenceResponse = _Response  # type: ignore[attr-defined]
+    utils.TritonError = str  # type: ignore[attr-defined]
+    utils.get_input_tensor_by_name = lambda request, name: _Tensor(name, request[name])  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", utils)
+    monkeypatch.delitem(sys.modules, "optimize.export.python_backend", raising=False)
+    return importlib.import_module("optimize.export.python_backend")
+
+
+def _exported(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    model = make_matmul_model(tmp_path / "tiny.onnx", features=16, out=4)
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('order = ["operator-fusion"]\n[stages.operator-fusion]\nenabled = false\n')
+    proc = run_cli("optimize", model, "--recipe", recipe, "-o", tmp_path / "art")
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("export", tmp_path / "art", "--triton", tmp_path / "repo", "--name", "m", "--backend",
+                   "python", "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads(proc.stdout)["config"]
+    return tmp_path / "repo" / "m", {**config, "max_batch_size": 8, "input": [{"name": "x"}],
+                                     "output": [{"name": "y"}]}  # fmt: skip
+
+
+def test_a_dynamic_batch_is_one_run_and_each_request_gets_its_rows(
+    model_module: types.ModuleType, tmp_path: Path
+) -> None:
+    folder, config = _exported(tmp_path)
+    model = model_module.TritonPythonModel()
+    model.initialize(
+        {"model_config": json.dumps(config), "model_repository": str(folder), "model_version": "1"}
+    )
+    runs: list[int] = []
+    real_run = model.backend.run
+    model.backend.run = lambda feeds: runs.append(feeds["x"].shape[0]) or real_run(feeds)
+    rng = np.random.default_rng(0)
+    requests = [{"x": rng.standard_normal((rows, 16)).astype(np.float32)} for rows in (1, 3, 2)]
+    responses = model.execute(requests)
+    assert runs == [6]  # one run of the stacked batch
+    for request, response in zip(requests, responses, strict=True):
+        assert response.error is None
+        np.testing.assert_allclose(response.outputs["y"], real_run(request)["y"], rtol=1e-6)
+    # Requests whose rows do not stack run one at a time.
+    runs.clear()
+    odd = [{"x": np.ones((1, 16), np.float32)}, {"x": np.ones((1, 8), np.float32)}]
+    model.backend.run = lambda feeds: runs.append(feeds["x"].shape[0]) or {"y": np.zeros((1, 4), np.float32)}
+    assert len(model.execute(odd)) == 2 and runs == [1, 1]
+    # A batch that fails: every request of it gets the error, and the model stays up.
+    model.backend.run = lambda feeds: (_ for _ in ()).throw(RuntimeError("boom"))
+    failed = model.execute(requests)
+    assert [r.error for r in failed] == ["RuntimeError: boom"] * 3
+    model.backend.run = real_run
+    model.finalize()
+
+
+def test_the_export_holds_the_model_and_the_whole_artifact(tmp_path: Path) -> None:
+    folder, _ = _exported(tmp_path)
+    assert (folder / "1" / "model.py").read_text() == (
+        Path(__file__).resolve().parents[2] / "optimize" / "export" / "python_backend.py"
+    ).read_text()
+    manifest = json.loads((folder / "1" / "artifact" / "manifest.json").read_text())
+    assert all((folder / "1" / "artifact" / rel).is_file() for rel in manifest["files"])
+    marker = json.loads((folder / "lto-export.json").read_text())
+    assert marker["config"]["backend"] == "python" and "1/model.py" in marker["files"]
+    assert "NumPy 1.x" in " ".join(marker["warnings"])
