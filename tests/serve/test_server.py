@@ -224,6 +224,9 @@ def test_oversized_body_gets_413() -> None:
     with_client([SleepBackend()], body, max_body=2048)
 
 
+# timing: whether the late request is refused on admission (503) or expires queued (504) depends on
+# the model latency the batcher measured, which a test beside it on the other core stretches.
+@pytest.mark.timing
 def test_overload_gets_503_with_retry_after_and_a_missed_deadline_504() -> None:
     gate = threading.Event()
     backend = SleepBackend(base_ms=1, gate=gate)
