@@ -25,6 +25,7 @@ import contextlib
 import json
 import math
 import os
+import statistics
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -179,12 +180,6 @@ def append_history(path: Path | None, fingerprint: str, runs: Iterable[StageRun]
             fh.write(text)
 
 
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def odds_for(
     stage: str, kind: str, cpu: str, priors: Sequence[Mapping[str, Any]], history: Sequence[Mapping[str, Any]]
 ) -> Odds:
@@ -212,7 +207,7 @@ def odds_for(
     source = where if rows else ""
     if here:
         source = f"{source} + {len(here)} run(s) here" if source else f"{len(here)} run(s) here"
-    return Odds(stage, tried, won, gain, _median(costs) if costs else UNKNOWN_COST_S, source)
+    return Odds(stage, tried, won, gain, statistics.median(costs) if costs else UNKNOWN_COST_S, source)
 
 
 def plan(
