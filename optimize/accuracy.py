@@ -49,6 +49,7 @@ from optimize.task_metrics import (
     ctc_counts,
     detection_agreement,
     detection_counts,
+    mask_counts,
     override_choice,
     vector_cosines,
 )
@@ -57,6 +58,16 @@ from optimize.thresholds import Thresholds
 Outputs = Mapping[str, np.ndarray]
 
 SLICE_MAX_LEN = 256  # axes up to this long are sliced (channels, classes, fields), longer ones not
+# A sample whose largest |reference| is below this share of the output's over all judging rows
+# carries no signal there: its cosine is the angle between two noise floors (a text map with no
+# text: cosine 0.966 for an fp32 error of 2e-5). It is judged by its error against the output's
+# range instead, which must stay under QUIET_MAX_REL.
+NO_SIGNAL_SHARE = 0.01
+QUIET_MAX_REL = 0.1
+# An fp32 candidate (exact or reassociated) whose error is within this share of the range of the
+# output, and of each live slice of it, over the judging rows is the same computation done in
+# another order: never inaccurate, whatever a metric on near-zero values says.
+FP32_TOLERANCE = 1e-4
 SLICE_MIN_ELEMENTS = 64  # fewer elements per sample in a slice: its cosine is pooled over samples
 NEGLIGIBLE_SLICE = 1e-4  # a slice whose max |reference| is below this share of the output's is skipped
 FEW_SAMPLES = 16  # below this many samples the report says the figures are weak
@@ -225,6 +236,65 @@ def slice_figures(
     return {"cosine": worst_cos, "max_rel": worst_rel, "slices": checked}
 
 
+def _peak(ref: np.ndarray) -> float:
+    """The largest finite |value| of a float sample (0.0 for other dtypes or none)."""
+    if not np.issubdtype(ref.dtype, np.floating) or ref.size == 0:
+        return 0.0
+    finite = np.abs(ref[np.isfinite(ref)])
+    return float(finite.max()) if finite.size else 0.0
+
+
+def _span(refs: Sequence[np.ndarray]) -> float:
+    """The range (max - min) of an output's finite values over all judging rows."""
+    lows, highs = [], []
+    for ref in refs:
+        if not np.issubdtype(ref.dtype, np.floating):
+            return 0.0
+        finite = ref[np.isfinite(ref)]
+        if finite.size:
+            lows.append(float(finite.min()))
+            highs.append(float(finite.max()))
+    return max(highs) - min(lows) if lows else 0.0
+
+
+def within_float_tolerance(
+    refs: Sequence[np.ndarray], gots: Sequence[np.ndarray], batch_axis: int | None
+) -> bool:
+    """Whether the candidate's error is within FP32_TOLERANCE of the output's range over all the
+    rows, and of each live slice's range along every short axis (a class-score field next to box
+    coordinates in pixels has its own scale). NaN/inf must match exactly."""
+    span = _span(refs)
+    for ref, got in zip(refs, gots, strict=True):
+        if not np.array_equal(np.isfinite(ref), np.isfinite(got)):
+            return False
+        finite = np.isfinite(ref)
+        if np.any(
+            np.abs(ref[finite].astype(np.float64) - got[finite].astype(np.float64)) > FP32_TOLERANCE * span
+        ):
+            return False
+    ndim = refs[0].ndim
+    if not all(np.all(np.isfinite(r)) for r in refs):
+        return True  # slices of non-finite outputs: the whole-output test above decides
+    for axis in range(ndim):
+        length = refs[0].shape[axis]
+        if axis == batch_axis or not 2 <= length <= SLICE_MAX_LEN:
+            continue
+        others = tuple(a for a in range(ndim) if a != axis)
+        lo = np.min([np.min(r, axis=others) for r in refs], axis=0).astype(np.float64)
+        hi = np.max([np.max(r, axis=others) for r in refs], axis=0).astype(np.float64)
+        diff = np.max(
+            [
+                np.max(np.abs(r.astype(np.float64) - g.astype(np.float64)), axis=others)
+                for r, g in zip(refs, gots, strict=True)
+            ],
+            axis=0,
+        )
+        live = (hi - lo) > NEGLIGIBLE_SLICE * span
+        if np.any(diff[live] > FP32_TOLERANCE * (hi - lo)[live]):
+            return False
+    return True
+
+
 def _add(totals: dict[str, int], counts: Mapping[str, int]) -> None:
     for key, value in counts.items():
         totals[key] = totals.get(key, 0) + value
@@ -264,6 +334,22 @@ def _task_figures(
             out["decode_agreement"] = totals["decoded_equal"] / totals["sequences"]
             out["frame_agreement"] = totals["frames_equal"] / max(totals["frames"], 1)
             out["sequences"] = totals["sequences"]
+    elif choice.metric == "mask":
+        levels = th.mask_thresholds if th is not None else (0.3, 0.5)
+        ious: list[tuple[float, float]] = []
+        empty = maps = 0
+        for ref, got in pairs:
+            counts = mask_counts(ref, got, levels)
+            ious += counts["ious"]
+            empty += counts["empty"]
+            maps += counts["maps"]
+        out["mask_maps"] = maps
+        out["mask_empty"] = {"maps": empty, "of": maps * len(levels)}
+        if ious:
+            level, worst = min(ious, key=lambda item: item[1])
+            out["mask_iou"] = worst
+            out["mask_iou_at"] = level
+            out["mask_iou_mean"] = float(np.mean([v for _, v in ious]))
     elif choice.metric == "detection":
         score = th.detection_score if th is not None else 0.25
         iou = th.detection_iou if th is not None else 0.5
@@ -347,8 +433,20 @@ def compare_outputs(
         if not pairs:
             continue
         worst: dict[str, Any] = {"cosine": 1.0, "max_abs": 0.0, "max_rel": 0.0}
+        peaks = [_peak(ref) for ref, _ in pairs]
+        floor = NO_SIGNAL_SHARE * max(peaks, default=0.0)
+        span = _span([ref for ref, _ in pairs])
+        quiet: list[int] = []
         for s, (ref, got) in enumerate(pairs):
             figures = output_figures(ref, got)
+            is_float = np.issubdtype(ref.dtype, np.floating)
+            if is_float and peaks[s] < floor and "nonfinite" not in figures:
+                # No signal on this sample: its error counts against the output's range only.
+                quiet.append(s)
+                rel = figures["max_abs"] / span if span > 0 else 0.0
+                worst["quiet_rel"] = max(worst.get("quiet_rel", 0.0), rel)
+                worst["max_abs"] = max(worst["max_abs"], figures["max_abs"])
+                continue
             if figures["cosine"] < worst["cosine"]:
                 worst["cosine"], worst["worst_sample"] = figures["cosine"], s
             worst["max_abs"] = max(worst["max_abs"], figures["max_abs"])
@@ -357,6 +455,13 @@ def compare_outputs(
                 worst["mismatched"] = worst.get("mismatched", 0.0) + figures["mismatched"]
             if "nonfinite" in figures:
                 worst["nonfinite"] = 1.0
+        if quiet:
+            worst["no_signal_samples"] = quiet
+        if np.issubdtype(pairs[0][0].dtype, np.floating) and "nonfinite" not in worst:
+            worst["range"] = span
+            worst["range_rel"] = (
+                worst["max_abs"] / span if span > 0 else (0.0 if worst["max_abs"] == 0 else 1.0)
+            )
         choice = choices.get(name) or choose_metric(
             name, [p[0] for p in pairs], 0 if pairs[0][0].ndim else None
         )
@@ -365,6 +470,7 @@ def compare_outputs(
         worst.update({"metric": choice.metric, "metric_why": choice.why, "metric_source": choice.source})
         if choice.metric != "exact" and "nonfinite" not in worst:
             refs_n, gots_n = [p[0] for p in pairs], [p[1] for p in pairs]
+            worst["fp32_tolerance"] = within_float_tolerance(refs_n, gots_n, choice.batch_axis)
             sliced = slice_figures(refs_n, gots_n, choice.batch_axis)
             if sliced is not None:
                 worst["slice"] = sliced["cosine"]
@@ -404,6 +510,11 @@ def _task_reason(fig: Mapping[str, Any], th: Thresholds) -> str:
             f"greedy CTC decode equal on {fig['decode_agreement']:.3f} of {fig['sequences']} "
             f"sequences < {th.min_ctc}"
         )
+    if metric == "mask" and th.min_mask_iou is not None and fig.get("mask_iou", 1.0) < th.min_mask_iou:
+        return (
+            f"mask IoU {fig['mask_iou']:.3f} < {th.min_mask_iou} (regions above {fig.get('mask_iou_at')}, "
+            f"worst of {fig.get('mask_maps', '?')} maps)"
+        )
     if (
         metric == "detection"
         and th.min_detection is not None
@@ -428,6 +539,13 @@ def output_reasons(name: str, fig: Mapping[str, Any], th: Thresholds) -> list[st
         return []
     reasons = [r for r in [_task_reason(fig, th)] if r]
     min_cos = th.min_cosine if fig.get("metric", "none") in ("embedding", "none") else th.min_task_cosine
+    quiet = fig.get("quiet_rel")
+    if min_cos > 0 and quiet is not None and quiet > QUIET_MAX_REL:
+        # where the cosine is not judged, its stand-in (off with the cosine)
+        reasons.append(
+            f"error {quiet:.3g} of the output's range on the {len(fig.get('no_signal_samples', []))} "
+            f"sample(s) where it carries no signal > {QUIET_MAX_REL}"
+        )
     if fig["cosine"] < min_cos:
         reasons.append(f"cosine {fig['cosine']:.6f} < {min_cos} (sample {fig.get('worst_sample', 0)})")
     sl = fig.get("slice")
@@ -456,10 +574,13 @@ def check(
     user_metric: UserMetric | None = None,
     inputs: Sequence[Outputs] | None = None,
     labels: Mapping[str, np.ndarray] | None = None,
+    fp32: bool = False,
 ) -> AccuracyResult:
     """Compare candidate outputs with the reference; not ok names the first failing output with
     every threshold it violates. `choices` are the outputs' task metrics (chosen here from the
-    reference when not given, with thresholds.task_metrics as overrides)."""
+    reference when not given, with thresholds.task_metrics as overrides). `fp32`: the candidate
+    computes in fp32 (exact or reassociated); an output within FP32_TOLERANCE of its range then
+    passes whatever its metrics say."""
     refs = _as_samples(reference)
     if choices is None:
         choices = choose_metrics(refs, thresholds.task_metrics)
@@ -469,6 +590,9 @@ def check(
     failures: list[str] = []
     for name, fig in per_output.items():
         reasons = output_reasons(name, fig, thresholds)
+        if reasons and fp32 and _float_equal(fig):
+            fig["passed_by"] = f"fp32 error within {FP32_TOLERANCE:g} of the output's range"
+            reasons = []
         if reasons:
             fig["ok"] = False
             failures.append(f"output {name!r}: " + "; ".join(reasons))
@@ -484,6 +608,13 @@ def check(
     if len(failures) > 1:
         reason += f" (and {len(failures) - 1} more)"
     return AccuracyResult(not failures, reason, per_output, user_metric=verdict, samples=len(refs))
+
+
+def _float_equal(fig: Mapping[str, Any]) -> bool:
+    """An output's figures say the same numbers up to float reassociation."""
+    if fig.get("nonfinite") or fig.get("mismatched", 0) > 0:
+        return False
+    return bool(fig.get("fp32_tolerance"))
 
 
 # --- the user's metric --------------------------------------------------------------------------
@@ -589,6 +720,7 @@ def load_user_metric(spec: str) -> UserMetric:
 # --- summaries ----------------------------------------------------------------------------------
 
 _WORST_MIN = (
+    "mask_iou",
     "top1_agreement",
     "top1_agreement_tolerant",
     "top5_agreement",

@@ -47,6 +47,8 @@ NEAR_TIE_SHARE = 0.5  # near-ties on more than this share of rows: the metric ca
 MIN_DETECTIONS = 4  # firm detections (above the score threshold by the margin) over all rows
 CONSTANT_REL = 1e-5  # rows that differ by less than this share of the output's scale are the same
 FIRES_AT = 0.5  # a score or probability output that never reaches this on any row never fires
+MIN_MASK_ROWS = 4  # rows on which a probability map has regions, for its IoU to tell anything
+NO_SIGNAL_SHARE = 0.01  # a row whose largest |value| is below this share of the output's: ~0
 
 
 @dataclass(frozen=True)
@@ -299,6 +301,41 @@ def _score_fields(rows: np.ndarray, th: Thresholds | None) -> tuple[bool, str, s
     )
 
 
+def _quiet_rows(rows: np.ndarray) -> list[int]:
+    """The rows on which the output is ~0 everywhere (largest |value| under NO_SIGNAL_SHARE of the
+    output's over all rows): they cannot tell a right candidate from a wrong one there."""
+    peaks = np.abs(rows.reshape(len(rows), -1)).max(axis=1) if rows.size else np.zeros(len(rows))
+    top = float(peaks.max()) if peaks.size else 0.0
+    return [int(i) for i in np.flatnonzero(peaks < NO_SIGNAL_SHARE * top)] if top > 0 else []
+
+
+def _row_list(rows: list[int]) -> str:
+    shown = ", ".join(str(r) for r in rows[:8])
+    return shown + (f" and {len(rows) - 8} more" if len(rows) > 8 else "")
+
+
+def _mask(rows: np.ndarray, th: Thresholds | None) -> tuple[bool, str, str]:
+    level = min(th.mask_thresholds) if th is not None else 0.3
+    maps = rows.reshape(len(rows), -1)
+    highest = maps.max(axis=1)
+    empty = [int(i) for i in np.flatnonzero(highest <= level)]
+    live = len(rows) - len(empty)
+    needs = (
+        f"at least {MIN_MASK_ROWS} rows on which the map finds regions (for a text detector, pages "
+        "with text; for a segmenter, images with what it segments)"
+    )
+    if not empty:
+        return True, f"regions above {level:g} on all {len(rows)} rows", ""
+    quiet = (
+        f"on {len(empty)} of {len(rows)} rows (samples {_row_list(empty)}) the map has no region above "
+        f"{level:g} (highest {float(highest[empty].max()):.3g}): these rows cannot tell whether a "
+        "candidate keeps its regions"
+    )
+    if live < MIN_MASK_ROWS:
+        return False, quiet, needs
+    return True, f"regions above {level:g} on {live} of {len(rows)} rows; {quiet}", ""
+
+
 def _plain(rows: np.ndarray) -> tuple[bool, str, str]:
     if rows.min() >= 0.0 and rows.max() < FIRES_AT and rows.max() <= 1.0:
         return (
@@ -306,6 +343,14 @@ def _plain(rows: np.ndarray) -> tuple[bool, str, str]:
             f"every value is below {FIRES_AT} on all {len(rows)} rows (highest {rows.max():.3g}): a score "
             "or probability that never fires on them",
             "rows on which the output fires (some value at or above 0.5)",
+        )
+    quiet = _quiet_rows(rows)
+    if quiet:
+        return (
+            True,
+            f"varies across {len(rows)} rows; ~0 everywhere on {len(quiet)} of them (samples "
+            f"{_row_list(quiet)}), which are judged by their error against the output's range",
+            "",
         )
     return True, f"varies across {len(rows)} rows", ""
 
@@ -332,6 +377,8 @@ def output_evidence(
         ok, finding, needs = _ctc(rows)
     elif choice.metric == "detection" and rows.ndim == 3:
         ok, finding, needs = _detection(rows, choice, thresholds)
+    elif choice.metric == "mask":
+        ok, finding, needs = _mask(rows, thresholds)
     else:
         ok, finding, needs = _plain(rows)
     return OutputTest(name, choice.metric, ok, finding, needs)

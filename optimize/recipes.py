@@ -84,6 +84,8 @@ _ACCURACY_KEYS: dict[str, Schema] = {
     "min_detection": number(maximum=1.0),  # detection candidate-set agreement
     "detection_score": number(maximum=1.0),  # score above which a detection candidate counts
     "detection_iou": number(maximum=1.0),  # IoU at which two candidates are the same detection
+    "min_mask_iou": number(maximum=1.0),  # probability maps and masks: IoU of the regions
+    "mask_thresholds": {"type": "array", "items": number(maximum=1.0)},
     "samples": integer(minimum=1),  # accuracy samples, each checked; the worst case decides
     "task_metrics": {  # output name -> classifier | embedding | ctc | detection | none
         "type": "object",
@@ -91,7 +93,7 @@ _ACCURACY_KEYS: dict[str, Schema] = {
     },
 }
 # Thresholds that may be switched off (None) from the command line (`--accuracy rel=off`).
-OPTIONAL_THRESHOLDS = ("max_abs", "max_rel", "min_top1", "min_ctc", "min_detection")
+OPTIONAL_THRESHOLDS = ("max_abs", "max_rel", "min_top1", "min_ctc", "min_detection", "min_mask_iou")
 _BENCH_KEYS: dict[str, Schema] = {
     "warmup": integer(),
     "min_runs": integer(),
@@ -209,15 +211,20 @@ def parse_thresholds(values: Mapping[str, Any], where: str, base: Thresholds | N
     """
     values = dict(values)
     for key, value in values.items():
-        if key == "task_metrics" or value is None:
+        if key in ("task_metrics", "mask_thresholds") or value is None:
             continue
         if value < 0:
             raise UsageError(f"{where}{key}: must not be negative, got {value}")
-        if key in ("min_cosine", "min_task_cosine", "min_top1", "min_ctc", "min_detection",
+        if key in ("min_cosine", "min_task_cosine", "min_top1", "min_ctc", "min_detection", "min_mask_iou",
                    "top1_tolerance", "detection_score", "detection_iou") and value > 1.0:  # fmt: skip
             raise UsageError(f"{where}{key}: must be at most 1.0, got {value}")
     if values.get("samples", 1) < 1:
         raise UsageError(f"{where}samples: must be at least 1")
+    if "mask_thresholds" in values:
+        levels = values["mask_thresholds"]
+        if not levels or any(not 0.0 < float(t) < 1.0 for t in levels):
+            raise UsageError(f"{where}mask_thresholds: each must be between 0 and 1, got {levels}")
+        values["mask_thresholds"] = tuple(float(t) for t in levels)
     task_metrics = values.get("task_metrics")
     if task_metrics is not None:
         for output, metric in task_metrics.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
@@ -208,3 +209,196 @@ def tail_flags(runs: int) -> dict[str, int]:
     """{percentile key: runs it needs} for every reported tail that `runs` runs cannot estimate."""
     needed = {key: runs_for_percentile(q) for key, q in TAIL_PERCENTILES.items()}
     return {key: n for key, n in needed.items() if runs < n}
+
+
+# --- one estimator for a side-by-side comparison ----------------------------------------------
+#
+# A comparison's figure is the median of its per-pair ratios: each round of a comparison times a
+# block of A and a block of B back to back, so the ratio of the two blocks' medians cancels what
+# the machine did in those seconds (a host phase at half speed hits both). Its interval is the
+# distribution-free one of a median, from the order statistics of the same pair ratios: the point
+# estimate lies inside it by construction, whatever shape the ratios take. Where the ratios fall
+# in two separate groups (a side that runs at two speeds, across processes or blocks), the groups
+# are reported apart and the figure is the group nearest "no difference": the one a user can count
+# on, never the lucky draw.
+
+# A group of pair ratios is a mode only with at least this share of the pairs (and 2 pairs).
+MODE_MIN_SHARE = 0.15
+# Two groups are two modes only when their medians differ by at least this factor and the gap
+# between them is wider than twice the spread inside either...
+MODE_MIN_FACTOR = 1.15
+_MODE_GAP_SPREADS = 2.0
+_MODE_GAP_SHARE = 0.5  # ... and at least this share of the distance between their medians
+_MODE_MIN_SPREAD = 0.01  # log units: a group of near-identical ratios still has this much spread
+
+
+def median_interval(values: Sequence[float] | np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
+    """(median, lo, hi): the sample median and the distribution-free interval of the median, from
+    the order statistics whose binomial ranks cover `level`. With too few values for `level`
+    (under 6 at 95%) the interval is the whole range. The median lies inside by construction."""
+    from scipy.stats import binom
+
+    data = np.sort(np.asarray(values, dtype=np.float64))
+    n = data.size
+    if n == 0:
+        nan = float("nan")
+        return nan, nan, nan
+    median = float(np.median(data))
+    # the largest k whose rank interval [k, n+1-k] (1-based) still covers `level`
+    alpha = (1.0 - level) / 2.0
+    k = int(binom.ppf(alpha, n, 0.5))
+    while k >= 1 and binom.cdf(k - 1, n, 0.5) > alpha:
+        k -= 1
+    k = max(k, 1)
+    return median, float(data[k - 1]), float(data[n - k])
+
+
+def median_interval_coverage(n: int) -> float:
+    """The coverage of median_interval's interval over n values (below 0.95 under 6 values)."""
+    from scipy.stats import binom
+
+    if n < 2:
+        return 0.0
+    k = max(1, int(binom.ppf(0.025, n, 0.5)))
+    while k > 1 and binom.cdf(k - 1, n, 0.5) > 0.025:
+        k -= 1
+    return float(1.0 - 2.0 * binom.cdf(k - 1, n, 0.5))
+
+
+@dataclass(frozen=True)
+class RatioFigure:
+    """metric(B) / metric(A) over a set of block pairs, with each side's latency in those pairs."""
+
+    ratio: float  # the median of the per-pair ratios
+    ci95: tuple[float, float]  # the median's distribution-free interval over the same pairs
+    pairs: int
+    a_ms: float  # median of A's per-block metric over the same pairs
+    b_ms: float
+    groups: tuple[int, ...] = ()  # the process sets these pairs came from
+    a_ci95: tuple[float, float] = (math.nan, math.nan)  # the medians' intervals, as the ratio's
+    b_ci95: tuple[float, float] = (math.nan, math.nan)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ratio": self.ratio,
+            "ratio_ci95": list(self.ci95),
+            "speedup": 1.0 / self.ratio if self.ratio > 0 else None,
+            "pairs": self.pairs,
+            "a_ms": self.a_ms,
+            "b_ms": self.b_ms,
+            "a_ms_ci95": list(self.a_ci95),
+            "b_ms_ci95": list(self.b_ci95),
+            "process_sets": list(self.groups),
+        }
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """A comparison's one figure (`figure`), the figure over every pair (`overall`), and, when the
+    pair ratios fall in two groups, both groups (`modes`, faster B first) and the side whose
+    latency moved between them (`moved`: "A", "B" or "both")."""
+
+    figure: RatioFigure
+    overall: RatioFigure
+    modes: tuple[RatioFigure, ...] = ()
+    moved: str = ""
+    coverage: float = 0.95
+
+    @property
+    def ratio(self) -> float:
+        return self.figure.ratio
+
+    @property
+    def ci95(self) -> tuple[float, float]:
+        return self.figure.ci95
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"figure": self.figure.to_json(), "coverage": self.coverage}
+        if self.modes:
+            out["overall"] = self.overall.to_json()
+            out["modes"] = [m.to_json() for m in self.modes]
+            out["moved"] = self.moved
+        return out
+
+
+def _figure(
+    ratios: np.ndarray, a: np.ndarray, b: np.ndarray, groups: np.ndarray, idx: np.ndarray
+) -> RatioFigure:
+    ratio, lo, hi = median_interval(ratios[idx])
+    a_ms, a_lo, a_hi = median_interval(a[idx])
+    b_ms, b_lo, b_hi = median_interval(b[idx])
+    return RatioFigure(
+        ratio, (lo, hi), int(idx.size), a_ms, b_ms, tuple(sorted({int(g) for g in groups[idx]})),
+        (a_lo, a_hi), (b_lo, b_hi),
+    )  # fmt: skip
+
+
+def split_modes(log_ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Indices of the low and the high group when the log pair ratios form two clearly separate
+    groups (MODE_MIN_SHARE, MODE_MIN_FACTOR, a gap wider than twice either group's spread), else
+    None. The split is the one that maximises the between-group variance (Otsu's)."""
+    x = np.asarray(log_ratios, dtype=np.float64)
+    n = x.size
+    smallest = max(2, math.ceil(MODE_MIN_SHARE * n))
+    if n < 2 * smallest:
+        return None
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    best_m, best_score = -1, -1.0
+    for m in range(smallest, n - smallest + 1):
+        score = m * (n - m) * (xs[m:].mean() - xs[:m].mean()) ** 2
+        if score > best_score:
+            best_m, best_score = m, score
+    low, high = xs[:best_m], xs[best_m:]
+    separation = float(np.median(high) - np.median(low))
+    if separation < math.log(MODE_MIN_FACTOR):
+        return None
+
+    def spread(group: np.ndarray) -> float:
+        return max(1.4826 * float(np.median(np.abs(group - np.median(group)))), _MODE_MIN_SPREAD)
+
+    gap = float(high[0] - low[-1])
+    # Halves of one noisy group also have medians apart and small spreads of their own; what
+    # they lack is an empty stretch between them as wide as a good part of that distance.
+    if gap < _MODE_GAP_SPREADS * max(spread(low), spread(high)) or gap < _MODE_GAP_SHARE * separation:
+        return None
+    return order[:best_m], order[best_m:]
+
+
+def paired_ratio(
+    a_blocks: Sequence[float] | np.ndarray,
+    b_blocks: Sequence[float] | np.ndarray,
+    groups: Sequence[int] | np.ndarray | None = None,
+) -> PairedRatio:
+    """B against A from per-block figures (a_blocks[i] and b_blocks[i] timed back to back in round
+    i; `groups[i]`: the process set of round i). See the comment above for the method."""
+    a = np.asarray(a_blocks, dtype=np.float64)
+    b = np.asarray(b_blocks, dtype=np.float64)
+    if a.shape != b.shape or a.size == 0:
+        raise ValueError("need the same number of blocks on both sides, at least one")
+    g = np.zeros(a.size, dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64)
+    ratios = b / a
+    everything = np.arange(a.size)
+    overall = _figure(ratios, a, b, g, everything)
+    coverage = median_interval_coverage(a.size)
+    split = split_modes(np.log(ratios))
+    if split is None:
+        return PairedRatio(overall, overall, coverage=coverage)
+    low, high = (_figure(ratios, a, b, g, idx) for idx in split)
+    # The side whose own latency differs between the groups is the one running at two speeds.
+    moved_a = abs(math.log(high.a_ms / low.a_ms))
+    moved_b = abs(math.log(high.b_ms / low.b_ms))
+    moved = "A" if moved_a > 2 * moved_b else "B" if moved_b > 2 * moved_a else "both"
+    # The figure a user can count on: the group whose ratio is nearest no difference.
+    figure = min((low, high), key=lambda f: abs(math.log(f.ratio)))
+    return PairedRatio(figure, overall, (low, high), moved, coverage=median_interval_coverage(figure.pairs))
+
+
+BLOCK_STATISTICS = ("p50", "mean", "min")  # per-block figures a paired ratio is taken over
+
+
+def block_figures(blocks: np.ndarray, metric: str) -> np.ndarray:
+    """Each block's figure (rows of `blocks`) for a paired ratio: its median, mean or minimum."""
+    if metric not in BLOCK_STATISTICS:
+        raise ValueError(f"a paired ratio is taken over {', '.join(BLOCK_STATISTICS)}, not {metric!r}")
+    return np.asarray(metric_value(blocks, metric, axis=1), dtype=np.float64)

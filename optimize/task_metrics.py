@@ -11,7 +11,10 @@ output, with the batch axis first, and returns counts that add up over samples:
 - ctc [batch, time, classes]: the greedy CTC decode (argmax per frame, repeats collapsed, blank 0
   dropped) of every sequence must be equal; per-frame argmax agreement is reported beside it;
 - detection [batch, N, 4 box + objectness + classes] (or [batch, 4 + classes, N] without
-  objectness): the candidates scoring above a threshold, matched one to one by class and IoU.
+  objectness): the candidates scoring above a threshold, matched one to one by class and IoU;
+- mask [batch, (channels,) H, W] with values in [0, 1] (a text detector's probability map, a
+  segmentation mask): the IoU of the regions above each threshold, on the rows where either side
+  has any; what a user keeps of such an output is its regions, not its values near zero.
 
 `choose_metric` picks one from the output's shape and values; the pipeline lets the user override
 it per output. Nothing here loads a model: every function works on numpy arrays.
@@ -25,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-METRICS = ("classifier", "embedding", "ctc", "detection", "none")
+METRICS = ("classifier", "embedding", "ctc", "detection", "mask", "none")
 CTC_BLANK = 0
 # A reference (or candidate) detection this close above the score threshold that finds no partner
 # is a borderline case, not an error: int8 noise moves scores by a few hundredths.
@@ -36,6 +39,9 @@ DETECTION_MAX_CANDIDATES = 2000
 _EMBEDDING_HINTS = ("embed", "hidden", "pool", "feature", "sentence", "vector", "encod")
 _SEQUENCE_HINTS = ("logit", "log_prob", "logprob", "ctc", "token")
 _DETECTION_HINTS = ("box", "det", "yolo", "anchor")
+_MASK_HINTS = ("mask", "prob", "seg", "map", "sigmoid", "heat", "alpha", "matte")
+MASK_MIN_SIDE = 16  # a probability map's two last axes (height, width) are each at least this long
+MASK_MAX_CHANNELS = 4  # [batch, channels, H, W] with at most this many channels
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,9 @@ def choose_metric(name: str, samples: Sequence[np.ndarray], batch_axis: int | No
     lowered = name.lower()
     if len(core) == 0:
         return MetricChoice("none", "one value per row: judged by cosine", batch_axis=batch_axis)
+    mask = mask_layout(name, arrays)
+    if mask:
+        return MetricChoice("mask", mask, batch_axis=batch_axis)
     if len(core) == 1:
         if core[0] == 1:
             return MetricChoice("none", "[batch, 1]: a single value per row", batch_axis=batch_axis)
@@ -157,6 +166,43 @@ def choose_metric(name: str, samples: Sequence[np.ndarray], batch_axis: int | No
     )
 
 
+def mask_layout(name: str, arrays: Sequence[np.ndarray]) -> str:
+    """Why batch-first arrays look like a probability map or mask ("" when they do not): the last
+    two axes at least MASK_MIN_SIDE long, at most MASK_MAX_CHANNELS channels before them, every
+    value in [0, 1], and no distribution along the last axis; a 2-D map per row also needs a
+    name that says so (a [batch, time, classes] of sigmoid scores is not a picture)."""
+    core = arrays[0].shape[1:]
+    if len(core) not in (2, 3) or min(core[-2:]) < MASK_MIN_SIDE:
+        return ""
+    if len(core) == 3 and core[0] > MASK_MAX_CHANNELS:
+        return ""
+    if len(core) == 2 and not any(h in name.lower() for h in _MASK_HINTS):
+        return ""
+    values = np.concatenate([a.reshape(-1) for a in arrays])
+    if values.size == 0 or not np.all(np.isfinite(values)) or values.min() < 0.0 or values.max() > 1.0:
+        return ""
+    if distribution_kind(np.concatenate([a.reshape(-1, core[-1]) for a in arrays])):
+        return ""
+    shape = "[batch, " + ", ".join(str(d) for d in core) + "]"
+    return f"{shape} with every value in [0, 1]: a probability map, judged by the IoU of its regions"
+
+
+def mask_counts(ref: np.ndarray, got: np.ndarray, thresholds: Sequence[float]) -> dict[str, Any]:
+    """Per threshold, the IoU of the regions above it on every row (and channel) where either side
+    has any ([batch, ...] arrays); rows where neither has any carry no signal and are counted."""
+    r = ref.reshape(ref.shape[0], -1, *ref.shape[-2:]).astype(np.float64)
+    g = got.reshape(got.shape[0], -1, *got.shape[-2:]).astype(np.float64)
+    out: dict[str, Any] = {"ious": [], "empty": 0, "maps": int(r.shape[0] * r.shape[1])}
+    for t in thresholds:
+        a, b = r > t, g > t
+        inter = np.logical_and(a, b).sum(axis=(-2, -1))
+        union = np.logical_or(a, b).sum(axis=(-2, -1))
+        live = union > 0
+        out["ious"] += [(float(t), float(x)) for x in (inter[live] / union[live]).ravel()]
+        out["empty"] += int(np.count_nonzero(~live))
+    return out
+
+
 def override_choice(choice: MetricChoice, metric: str, sample: np.ndarray) -> MetricChoice:
     """The user's metric for an output in place of the chosen one (layout re-read for detection)."""
     why = "set by the user (recipe accuracy.task_metrics or --task-metric)"
@@ -177,7 +223,9 @@ def override_choice(choice: MetricChoice, metric: str, sample: np.ndarray) -> Me
 def check_metric_shape(name: str, choice: MetricChoice, sample: np.ndarray) -> str:
     """Why `choice` cannot judge this output ("" when it can): e.g. ctc on a 2-D output."""
     rank = np.asarray(sample).ndim + (1 if choice.batch_axis is None else 0)
-    need = {"classifier": (2,), "ctc": (3,), "detection": (3,), "embedding": (2, 3)}.get(choice.metric)
+    need = {"classifier": (2,), "ctc": (3,), "detection": (3,), "embedding": (2, 3), "mask": (3, 4)}.get(
+        choice.metric
+    )
     if need is not None and rank not in need:
         return (
             f"output {name!r} has rank {np.asarray(sample).ndim}; the {choice.metric} metric needs "
@@ -376,6 +424,8 @@ __all__ = [
     "detections",
     "distribution_kind",
     "greedy_decode",
+    "mask_counts",
+    "mask_layout",
     "match_detections",
     "override_choice",
     "vector_cosines",

@@ -16,8 +16,9 @@ class Thresholds:
     by `min_cosine` when it is an embedding or has no task metric, by `min_task_cosine` (a floor
     that still catches a wrecked part) when a task metric judges it: top-1 agreement for
     classifiers, greedy-decode equality for CTC outputs, candidate-set agreement for detection
-    heads. max_rel is max|candidate - reference| divided by max|reference| of that output (or
-    slice): an error relative to its scale, which stays meaningful where elements are ~0.
+    heads, the IoU of the regions above `mask_thresholds` for probability maps and masks.
+    max_rel is max|candidate - reference| divided by max|reference| of that output (or slice):
+    an error relative to its scale, which stays meaningful where elements are ~0.
     The defaults are what users accept of int8 models; the strict recipe tightens them.
     """
 
@@ -31,9 +32,16 @@ class Thresholds:
     min_detection: float | None = 0.9
     detection_score: float = 0.25
     detection_iou: float = 0.5
+    # probability maps and masks: the IoU of the regions above each of mask_thresholds
+    min_mask_iou: float | None = 0.95
+    mask_thresholds: tuple[float, ...] = (0.3, 0.5)
     samples: int = 32
     task_metrics: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {**values, "task_metrics": dict(self.task_metrics)}
+        return {
+            **values,
+            "mask_thresholds": list(self.mask_thresholds),
+            "task_metrics": dict(self.task_metrics),
+        }

@@ -21,7 +21,8 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,14 @@ from optimize.backend import Backend
 from optimize.bench.engine import BenchSettings, Comparison, Measurement, _batch_of, _time_runs, compare_here
 from optimize.env import CpuLoadMonitor
 from optimize.runtimes.worker import SubprocessBackend
-from optimize.stats import full_chunks, interleaved_ratio_ci
+from optimize.stats import (
+    BLOCK_STATISTICS,
+    PairedRatio,
+    block_figures,
+    full_chunks,
+    interleaved_ratio_ci,
+    paired_ratio,
+)
 
 # A worker counts as idle once its threads used less than this share of one core over a poll
 # window (ORT's spin-wait uses a whole core; a parked thread pool uses none).
@@ -147,6 +155,7 @@ class ApartRun:
     busy_during_s: list[float] = field(default_factory=list)  # idle workers' CPU during a block
     parent_cpu_during_s: float = 0.0  # this process's CPU time while blocks ran (it runs no model)
     processes: int = 1  # sets of worker processes pooled into this run (see extend)
+    round_sets: list[int] = field(default_factory=list)  # the process set of every round
 
     def measurement(self, i: int) -> Measurement:
         load = [f for f in self.foreign[i] if f is not None]
@@ -159,8 +168,27 @@ class ApartRun:
     def blocks(self, i: int) -> np.ndarray:
         return full_chunks(self.samples[i], self.block_runs[i])
 
+    def paired(self, i: int, j: int) -> PairedRatio | None:
+        """metric(j) / metric(i) as the median of per-round block ratios, with modes
+        (optimize.stats.paired_ratio); None for a tail percentile, which no block holds."""
+        if self.metric not in BLOCK_STATISTICS:
+            return None
+        a, b = self.blocks(i), self.blocks(j)
+        usable = min(a.shape[0], b.shape[0])
+        if usable == 0:
+            return None
+        sets = (self.round_sets + [self.processes - 1] * usable)[:usable]
+        return paired_ratio(
+            block_figures(a[:usable], self.metric), block_figures(b[:usable], self.metric), sets
+        )
+
     def ratio(self, i: int, j: int, n: int = 2000) -> tuple[float, float, float]:
-        """metric(j) / metric(i) with its 95% CI over block pairs (i first in even rounds)."""
+        """metric(j) / metric(i) with its 95% CI: the paired figure for p50, mean and min; for a
+        tail percentile the pooled ratio with an AB/BA bootstrap over block pairs."""
+        paired = self.paired(i, j)
+        if paired is not None:
+            lo, hi = paired.ci95
+            return paired.ratio, lo, hi
         a, b = self.blocks(i), self.blocks(j)
         usable = min(a.shape[0], b.shape[0])
         return interleaved_ratio_ci(a[:usable], b[:usable], metric=self.metric, n=n)
@@ -203,6 +231,9 @@ class ApartRun:
             mine += theirs
         for mine_f, theirs_f in zip(self.foreign, other.foreign, strict=True):
             mine_f += theirs_f
+        mine_sets = (self.round_sets + [0] * self.rounds)[: self.rounds]
+        theirs = (other.round_sets + [0] * other.rounds)[: other.rounds]
+        self.round_sets = mine_sets + [self.processes + k for k in theirs]
         self.settles += other.settles
         self.busy_during_s += other.busy_during_s
         self.parent_cpu_during_s += other.parent_cpu_during_s
@@ -211,14 +242,31 @@ class ApartRun:
         self.processes += other.processes
 
     def comparison(self, i: int, j: int) -> Comparison:
-        """Side j against side i, as a Comparison (ratio = metric(j) / metric(i))."""
-        ratio, lo, hi = self.ratio(i, j)
+        """Side j against side i, as a Comparison (ratio = metric(j) / metric(i)): its figure, its
+        interval and both sides' latency all from the same block pairs."""
+        paired = self.paired(i, j)
+        if paired is not None:
+            fig = paired.figure
+            ratio, (lo, hi) = fig.ratio, fig.ci95
+            a_ms, b_ms = fig.a_ms, fig.b_ms
+            sets = f" from {self.processes} sets of processes" if self.processes > 1 else ""
+            method = (
+                f"median of {fig.pairs} per-pair {self.metric} ratios{sets}, each side in its own "
+                "process; order-statistic 95% interval"
+            )
+        else:
+            ratio, lo, hi = self.ratio(i, j)
+            a_ms = float(np.percentile(self.samples[i], _PERCENT[self.metric]))
+            b_ms = float(np.percentile(self.samples[j], _PERCENT[self.metric]))
+            method = f"AB/BA bootstrap over {self.rounds} block pairs, each side in its own process"
         return Comparison(
             self.measurement(i), self.measurement(j), self.metric, ratio, (lo, hi), self.rounds,
-            (self.block_runs[i], self.block_runs[j]),
-            f"AB/BA bootstrap over {self.rounds} block pairs, each side in its own process",
-            isolation=self.isolation(),
+            (self.block_runs[i], self.block_runs[j]), method, isolation=self.isolation(),
+            a_ms=a_ms, b_ms=b_ms, paired=paired,
         )  # fmt: skip
+
+
+_PERCENT = {"p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
 
 
 def compare_apart(
@@ -262,6 +310,7 @@ def compare_apart(
         labels, [w.hosted_kind for w in hosts], [_batch_of(f) for f in feeds], block_runs,
         [[] for _ in hosts], 0, 0.0, "runs", settings.warmup, metric, [[] for _ in hosts],
     )  # fmt: skip
+    run.round_sets = []
     start = time.monotonic()
     next_check = 8
     previous = -1
@@ -287,6 +336,7 @@ def compare_apart(
             run.foreign[i].append(foreign)
             previous = i
         run.rounds += 1
+        run.round_sets.append(0)
         elapsed = time.monotonic() - start
         if progress is not None:
             progress(sum(len(s) for s in run.samples), elapsed)
@@ -304,6 +354,57 @@ def compare_apart(
             break
     run.wall_s = time.monotonic() - start
     return run
+
+
+# Fresh sets of worker processes a headline comparison pools (lto optimize's artifact, lto bench
+# --compare): one pair of processes is one draw of the machine's process-to-process speed, and
+# ONNX Runtime's default pool runs at two speeds in some processes and not in others.
+PROCESS_SETS = 3
+
+
+def compare_in_process_sets(
+    open_sides: Sequence[Callable[[], Backend]],
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    settings: BenchSettings,
+    labels: Sequence[str],
+    metric: str = "p50",
+    sets: int = PROCESS_SETS,
+    status: Callable[[str], None] | None = None,
+    progress: Callable[[int, float], None] | None = None,
+    compare_fn: Callable[..., ApartRun] | None = None,
+    first: Sequence[Backend] | None = None,
+) -> ApartRun:
+    """The sides compared in `sets` fresh sets of worker processes, one after the other, their
+    blocks pooled into one run (settings.max_time_s is shared among the sets). `open_sides[i]()`
+    opens side i in a worker of its own; `first`: already open workers for the first set (the
+    caller keeps them). The paired figure then carries each set's rounds, and its modes say
+    which sets they came from."""
+    compare_fn = compare_fn or compare_apart
+    sets = max(1, sets)
+    share = replace(settings, max_time_s=max(1.0, settings.max_time_s / sets))
+    pooled: ApartRun | None = None
+    for index in range(sets):
+        if status is not None:
+            status(f"{' vs '.join(labels)}: process set {index + 1}/{sets}")
+        with ExitStack() as workers:
+            if index == 0 and first is not None:
+                sides = list(first)
+            else:
+                sides = []
+                for open_side in open_sides:
+                    worker = open_side()
+                    workers.callback(worker.close)
+                    sides.append(worker)
+            run = compare_fn(
+                sides, list(feeds), share, list(labels), metric, progress,
+                block_runs=pooled.block_runs if pooled else None,
+            )  # fmt: skip
+        if pooled is None:
+            pooled = run
+        else:
+            pooled.extend(run)
+    assert pooled is not None
+    return pooled
 
 
 def _halfwidth(run: ApartRun, i: int, j: int) -> float:
@@ -334,4 +435,13 @@ def compare(
     return compare_here(a, b, feeds_a, feeds_b, settings, labels, metric, progress)
 
 
-__all__ = ["ApartRun", "compare", "compare_apart", "process_cpu_s", "wait_until_idle", "worker_of"]
+__all__ = [
+    "PROCESS_SETS",
+    "ApartRun",
+    "compare",
+    "compare_apart",
+    "compare_in_process_sets",
+    "process_cpu_s",
+    "wait_until_idle",
+    "worker_of",
+]

@@ -12,7 +12,7 @@ import numpy as np
 
 from optimize.artifact import resolve_model
 from optimize.backend import Backend
-from optimize.bench.apart import compare
+from optimize.bench.apart import PROCESS_SETS, compare, compare_in_process_sets, worker_of
 from optimize.bench.engine import BenchSettings, Comparison, Measurement, measure
 from optimize.bench.repeat import run_repeated
 from optimize.errors import InputError, UsageError
@@ -38,6 +38,9 @@ class BenchRequest:
     settings: BenchSettings = field(default_factory=BenchSettings)
     # Independent measurements, each in a fresh process and session (optimize.bench.repeat).
     repeat: int = 1
+    # --compare: fresh sets of worker processes the comparison is pooled over, as lto optimize
+    # measures its artifact (optimize.bench.apart.compare_in_process_sets).
+    process_sets: int = PROCESS_SETS
 
 
 def parse_batches(text: str | None) -> list[int]:
@@ -157,7 +160,17 @@ def run_compare(request: BenchRequest, progress: Progress | None = None) -> dict
         feeds_b = {k: feeds_a[k] for k in feeds_b} if set(feeds_a) == set(feeds_b) else feeds_b
         tick = (lambda n, t: progress("A/B", n, t)) if progress else None
         labels = (f"A:{Path(request.model).name}", f"B:{Path(request.compare_with).name}")
-        result: Comparison = compare(a, b, feeds_a, feeds_b, request.settings, labels, progress=tick)
+        result: Comparison
+        if worker_of(a) is not None and worker_of(b) is not None:
+            run = compare_in_process_sets(
+                [lambda: open_model_in_worker(target_a, overrides),
+                 lambda: open_model_in_worker(target_b, overrides)],
+                [feeds_a, feeds_b], request.settings, labels, sets=request.process_sets,
+                progress=tick, first=(a, b),
+            )  # fmt: skip
+            result = run.comparison(0, 1)
+        else:
+            result = compare(a, b, feeds_a, feeds_b, request.settings, labels, progress=tick)
         runtime = {"A": a.describe(), "B": b.describe()}
     report = new_report(
         "compare",

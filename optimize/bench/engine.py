@@ -18,7 +18,14 @@ import numpy as np
 from optimize.backend import Backend
 from optimize.env import CpuLoadMonitor
 from optimize.runtimes.worker import SubprocessBackend
-from optimize.stats import bootstrap_ratio_ci, full_chunks, interleaved_ratio_ci, summarize, tail_flags
+from optimize.stats import (
+    PairedRatio,
+    bootstrap_ratio_ci,
+    full_chunks,
+    interleaved_ratio_ci,
+    summarize,
+    tail_flags,
+)
 
 # A measurement is called unstable above these.
 UNSTABLE_CV = 0.25
@@ -209,6 +216,19 @@ class Comparison:
     ci_method: str = ""
     # Each side in its own worker (optimize.bench.apart): how apart they were. None: one process.
     isolation: dict[str, Any] | None = None
+    # Each side's `metric` in ms in the same block pairs the ratio comes from (b_ms / a_ms is the
+    # ratio but for the median-of-ratios' difference from a ratio of medians). None: pooled runs.
+    a_ms: float | None = None
+    b_ms: float | None = None
+    # The paired estimate with its modes (optimize.stats.PairedRatio), where one was taken.
+    paired: PairedRatio | None = None
+
+    @property
+    def side_ms(self) -> tuple[float, float]:
+        """(A, B) latency at `metric` in this measurement, in ms."""
+        if self.a_ms is not None and self.b_ms is not None:
+            return self.a_ms, self.b_ms
+        return float(self.a.latency[self.metric]), float(self.b.latency[self.metric])
 
     @property
     def b_faster(self) -> bool:
@@ -234,6 +254,8 @@ class Comparison:
             "ci_method": self.ci_method,
             "stopped_by": self.b.stopped_by,
             "process": "own worker per side" if self.isolation is not None else "one process",
+            "latency_ms": dict(zip(("A", "B"), self.side_ms, strict=True)),
+            **({"paired": self.paired.to_json()} if self.paired is not None else {}),
             **({"isolation": self.isolation} if self.isolation is not None else {}),
         }
 

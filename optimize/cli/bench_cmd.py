@@ -9,6 +9,7 @@ import typer
 
 from optimize import interrupts
 from optimize.bench import BenchSettings
+from optimize.bench.apart import PROCESS_SETS
 from optimize.bench.command import BenchRequest, parse_batches, run_bench, run_compare
 from optimize.cli.common import (
     DURATION_UNITS_HELP,
@@ -121,6 +122,13 @@ def bench(
         help="Independent measurements, each in a fresh process: a report for `lto gate` needs at least "
         "5 (the gate compares the repetitions, since runs inside one process are not independent).",
     ),
+    process_sets: int = typer.Option(
+        PROCESS_SETS,
+        "--process-sets",
+        min=1,
+        help="With --compare: fresh pairs of worker processes the comparison is pooled over, --time "
+        "shared among them (as lto optimize measures its artifact).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
     output: Path | None = typer.Option(
         None, "--output", "-o", help="Write the JSON report here (atomically)."
@@ -171,6 +179,7 @@ def bench(
             target_ci_rel=(None if repeat > 1 else 0.02) if ci_target is None else (ci_target or None),
         ),
         repeat=repeat,
+        process_sets=process_sets,
     )
     runner = run_compare if compare is not None else run_bench
     interrupts.set_activity(f"loading {request.model}")

@@ -56,10 +56,11 @@ EPILOG = """
 
 [bold]Exit codes[/]
 
-  0  target met, or no --target-ms given
-  3  the best artifact misses the target (the artifact is still written)
-  4  the artifact is written, but faster reduced or quantized candidates were left out:
-     the rows given could not verify them (the last line and report.md say which data would)
+  0  the artifact is written and meets the target, or no --target-ms was given
+  3  the artifact misses the target (it is still written)
+  4  the artifact misses the target and a faster candidate the rows could not verify would
+     meet it; with --fail-on-unverified, whenever a faster candidate was left unverified (the
+     last lines and report.md say which data would verify it)
   1  failure
   2  usage error: bad flags, model, inputs or recipe
 
@@ -150,6 +151,12 @@ def optimize_command(
     ),
     stop_at_target: bool = typer.Option(
         False, "--stop-at-target", help="Stop once the target is met with 95% confidence."
+    ),
+    fail_on_unverified: bool = typer.Option(
+        False,
+        "--fail-on-unverified",
+        help="Exit 4 when faster reduced or quantized candidates were left out because the rows given "
+        "could not verify them (by default only when a target is given that only they would meet).",
     ),
     enable: list[str] = typer.Option(
         [], "--enable", help="Turn on a stage the recipe has off (repeatable).", metavar="STAGE"
@@ -272,6 +279,7 @@ def optimize_command(
         default_budget=time_budget is None,
         search_order=search_order,
         stop_at_target=stop_at_target,
+        fail_on_unverified=fail_on_unverified,
         enable=[*enable, *(["tvm-tune"] if tvm else [])],
         tvm_options={
             key: value
@@ -357,17 +365,27 @@ class _RichProgress:
     def __init__(
         self, show_rows: bool, budget_s: float | None = None, every_s: float = 30.0, first_line: str = ""
     ) -> None:
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.text import Text
 
         self.show_rows = show_rows
         self.budget_s = budget_s
         self.every_s = every_s
         self._started = time.monotonic()
         self._last_line = -1e9
+        outer = self
+
+        class BudgetLeft(ProgressColumn):
+            """The time left of the budget, read at every refresh: it ticks while a long step
+            (the final comparison, a quantizer) sends no status."""
+
+            def render(self, task: Any) -> Text:
+                return Text(outer.budget_left())
+
         self._bar = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
-            TextColumn("{task.fields[left]}"),
+            BudgetLeft(),
             TimeElapsedColumn(),
             console=err_console,
             transient=True,
@@ -375,14 +393,12 @@ class _RichProgress:
         self._task: Any = None
         self._first_line = first_line
         self._working = False
-        outer = self
 
         class Sink(Base):
             def status(self, text: str) -> None:
                 interrupts.set_activity(text)
-                left = outer.budget_left()
-                outer._bar.update(outer._task, description=text, left=left)
-                outer.plain_line(text, left)
+                outer._bar.update(outer._task, description=text)
+                outer.plain_line(text, outer.budget_left())
 
             def record(self, record: StageRecord) -> None:
                 outer.begin()
@@ -398,12 +414,13 @@ class _RichProgress:
         self.sink = Sink()
 
     def budget_left(self) -> str:
-        """Like "2m10s of the 3m00s budget left": the ETA of an optimize run (the final
-        comparison and the artifact follow the budget's end, in seconds)."""
+        """Like "2m10s of the 3m00s budget left" (the budget includes the final comparison and
+        the artifact's write), or "12s over the 3m00s budget" once a step runs past it."""
         if not self.budget_s:
             return ""
-
-        left = max(0.0, self.budget_s - (time.monotonic() - self._started))
+        left = self.budget_s - (time.monotonic() - self._started)
+        if left < 0:
+            return f"{clock_text(-left)} over the {clock_text(self.budget_s)} budget"
         return f"{clock_text(left)} of the {clock_text(self.budget_s)} budget left"
 
     def begin(self) -> None:
@@ -423,7 +440,7 @@ class _RichProgress:
 
     def __enter__(self) -> Any:
         self._bar.__enter__()
-        self._task = self._bar.add_task("starting", left=self.budget_left())
+        self._task = self._bar.add_task("starting")
         return self.sink
 
     def __exit__(self, *exc: object) -> None:

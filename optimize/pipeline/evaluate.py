@@ -13,6 +13,8 @@ a kept candidate's worker is handed to the best so far.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
@@ -22,9 +24,9 @@ from typing import Any
 from optimize.accuracy import AccuracyResult, MetricError, accuracy_json, check
 from optimize.backend import Backend
 from optimize.bench import BenchSettings, Comparison, Measurement, measure_where_it_runs
-from optimize.bench.apart import ApartRun, compare_apart
+from optimize.bench.apart import PROCESS_SETS, ApartRun, compare_apart, compare_in_process_sets
 from optimize.errors import first_line
-from optimize.evidence import numerics
+from optimize.evidence import is_lossy, numerics
 from optimize.pipeline import judge
 from optimize.pipeline.baseline import Baseline
 from optimize.pipeline.record import RunRecord, StageRecord, Status
@@ -48,8 +50,6 @@ SESSION_ONLY_SETTINGS = {
     "enable_cpu_mem_arena",
     "graph_optimization_level",
 }
-# Fresh pairs of processes the artifact's headline speedup is measured in (see measure_artifact).
-FINAL_PROCESS_SETS = 3
 
 
 def open_candidate(candidate: Candidate) -> Backend:
@@ -60,6 +60,23 @@ def open_candidate(candidate: Candidate) -> Backend:
 def open_candidate_worker(candidate: Candidate) -> Backend:
     """The candidate in a worker process of its own (for timing)."""
     return open_in_worker(candidate.backend, candidate.model_path, candidate.runtime_config)
+
+
+# Writing an artifact: copying its files (and hashing them) at about this rate, plus a fixed cost.
+_WRITE_BYTES_PER_S = 100e6
+_WRITE_FIXED_S = 0.5
+
+
+def artifact_write_s(*paths: Path | str) -> float:
+    """About how long writing an artifact of these files takes."""
+    size = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            size += Path(path).stat().st_size
+            data = Path(str(path) + ".data")
+            if data.exists():
+                size += data.stat().st_size
+    return _WRITE_FIXED_S + size / _WRITE_BYTES_PER_S
 
 
 def _owned(stack: ExitStack, worker: Backend) -> Backend:
@@ -121,13 +138,38 @@ class Evaluator:
         self.metric = record.metric
         self.measure_fn = measure_fn or measure_where_it_runs
         self.compare_fn = compare_fn or compare_apart
-        self.open_worker = open_worker_fn or open_candidate_worker
+        self._open_worker = open_worker_fn or open_candidate_worker
+        # Seconds each candidate's worker took to start (the model loaded and compiled), by label:
+        # what the final comparison's fresh processes will cost (end_cost_s).
+        self.open_s: dict[str, float] = {}
         self.original = Candidate(
             label="baseline", model_path=baseline.model_path, backend="onnxruntime", runtime_config={}
         )
         self.best = BestSoFar(self.original)
         self._stack = ExitStack()
         self.base_worker: Backend | None = None
+        self.baseline_ms = 0.0  # the baseline's p50 alone: how long warm-up runs take
+
+    def open_worker(self, candidate: Candidate) -> Backend:
+        """`candidate` in a worker process of its own; how long that took is kept."""
+        start = time.monotonic()
+        worker = self._open_worker(candidate)
+        self.open_s[candidate.label] = time.monotonic() - start
+        return worker
+
+    def end_cost_s(self, best: Candidate) -> float:
+        """What the end of a run will take with `best` as the artifact: the final comparison
+        (its timing, its PROCESS_SETS fresh pairs of workers, their warm-up) and the artifact's
+        write. Estimated from this run's own worker starts and latencies."""
+        if best is self.original or best.label == self.original.label:
+            return artifact_write_s(self.original.model_path)
+        starts = self.open_s.get(self.original.label, 0.0) + self.open_s.get(best.label, 0.0)
+        warmup_s = self.settings.warmup * 2.0 * self.baseline_ms / 1000.0
+        return (
+            self.settings.max_time_s
+            + PROCESS_SETS * (starts + warmup_s)
+            + artifact_write_s(best.model_path, *best.extra_files)
+        )
 
     # -- the run's long-lived workers ----------------------------------------------------------
 
@@ -142,7 +184,9 @@ class Evaluator:
         """The baseline's worker, kept for the whole run, and its first measurement."""
         self.record.status("baseline: starting its worker process")
         self.base_worker = _owned(self._stack, self.open_worker(self.original))
-        return self.measure_alone(self.original, self.base_worker, what="baseline: measuring")
+        measured = self.measure_alone(self.original, self.base_worker, what="baseline: measuring")
+        self.baseline_ms = float(measured.latency["p50"])
+        return measured
 
     def measure_alone(self, candidate: Candidate, worker: Backend, what: str | None = None) -> Measurement:
         """One side alone in its process: the figure every target decision reads."""
@@ -181,6 +225,7 @@ class Evaluator:
             user_metric=base.user_metric,
             inputs=base.samples,
             labels=base.labels,
+            fp32=not is_lossy(candidate.precision),
         )
         return judge.weigh_evidence(result, candidate.precision, base.evidence)
 
@@ -360,36 +405,26 @@ class Evaluator:
 
     # -- the end ---------------------------------------------------------------------------------
 
-    def measure_artifact(self, best: Candidate) -> Comparison:
+    def measure_artifact(self, best: Candidate, max_time_s: float | None = None) -> Comparison:
         """The artifact against the baseline once more, after the search chose it, in
-        FINAL_PROCESS_SETS fresh pairs of worker processes, pooled. The comparisons that chose it
-        are the luckiest of several noisy ones (the winner's curse: on the corpus its confirmed
-        figure read 16-18% above the alone figure on 3 of 7 models), and one pair of processes is
-        one draw of this machine's process-to-process and phase-to-phase speed."""
-        settings = replace(self.settings, max_time_s=max(1.0, self.settings.max_time_s / FINAL_PROCESS_SETS))
-        pooled: ApartRun | None = None
-        for index in range(FINAL_PROCESS_SETS):
-            what = f"final: {best.label} vs baseline, fresh processes {index + 1}/{FINAL_PROCESS_SETS}"
-            self.record.status(what)
-            with ExitStack() as workers:
-                sides = [
-                    _owned(workers, self.open_worker(self.original)),
-                    _owned(workers, self.open_worker(best)),
-                ]
-                run = self.compare_fn(
-                    sides, [self.baseline.feeds] * 2, settings, ["baseline", best.label], self.metric,
-                    self._bench_progress(what), block_runs=pooled.block_runs if pooled else None,
-                )  # fmt: skip
-            if pooled is None:
-                pooled = run
-            else:
-                pooled.extend(run)
-        assert pooled is not None
-        return pooled.comparison(0, 1)
+        PROCESS_SETS fresh pairs of worker processes, pooled (`max_time_s`: their timing, shared;
+        the recipe's by default). The comparisons that chose it are the luckiest of several noisy
+        ones (the winner's curse: on the corpus its confirmed figure read 16-18% above the alone
+        figure on 3 of 7 models), and one pair of processes is one draw of this machine's
+        process-to-process and phase-to-phase speed. `lto bench --compare` measures the same way."""
+        settings = self.settings if max_time_s is None else replace(self.settings, max_time_s=max_time_s)
+        labels = ["baseline", best.label]
+        run = compare_in_process_sets(
+            [lambda: self.open_worker(self.original), lambda: self.open_worker(best)],
+            [self.baseline.feeds] * 2, settings, labels, self.metric, PROCESS_SETS,
+            status=lambda text: self.record.status(f"final: {text}"),
+            progress=self._bench_progress(f"final: {best.label} vs baseline"),
+            compare_fn=self.compare_fn,
+        )  # fmt: skip
+        return run.comparison(0, 1)
 
 
 __all__ = [
-    "FINAL_PROCESS_SETS",
     "SESSION_ONLY_SETTINGS",
     "BestSoFar",
     "CompareFn",

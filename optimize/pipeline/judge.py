@@ -88,18 +88,17 @@ def share_used_up(deadline: float | None, now: float, measured_in_stage: int) ->
 
 
 def weigh_evidence(result: AccuracyResult, precision: str, evidence: Evidence | None) -> AccuracyResult:
-    """A reduced or quantized candidate judged on rows that cannot tell is unverified, whether it
-    passed there or not: passing proves nothing (a detector that detects nothing agrees with any
-    candidate) and failing proves nothing either (bf16 on random bytes: cosine 0.008, right on
-    real ones). It goes on to be measured, and is never shipped. What no data excuses stays a
-    failure: changed inputs or outputs, NaN/inf the original does not give."""
+    """A reduced or quantized candidate that passed on rows that cannot tell is unverified:
+    passing proves nothing there (a detector that detects nothing agrees with any candidate). It
+    goes on to be measured, and is never shipped. A candidate that failed the gate on the rows is
+    inaccurate, whatever the rows: a failure is a measured difference, never offered for
+    verification; where the rows cannot tell, the reason says so, since other rows might judge it
+    otherwise (bf16 on random bytes: cosine 0.008; right on real ones)."""
     if evidence is None or evidence.can_tell or not is_lossy(precision):
         return result
-    structural = not result.per_output or any(f.get("nonfinite") for f in result.per_output.values())
-    if not result.ok and structural:
-        return result
-    how = "passed" if result.ok else f"failed ({result.reason}), which proves nothing on them"
-    return replace(result, ok=True, unverified=f"{evidence.why_not()}; on these rows it {how}")
+    if not result.ok:
+        return replace(result, reason=f"{result.reason} (on rows that cannot tell: {evidence.why_not()})")
+    return replace(result, ok=True, unverified=f"{evidence.why_not()}; on these rows it passed")
 
 
 def hold_unverified(record: StageRecord, accuracy: AccuracyResult) -> None:
@@ -133,9 +132,19 @@ def unverified_faster(records: Sequence[StageRecord], shipped_speedup: float) ->
     return sorted(out.values(), key=lambda item: -float(item["speedup"]))
 
 
-def final_exit(exit_code: int, verdict: str, unverified: Sequence[dict[str, Any]]) -> tuple[str, int]:
-    """The verdict and exit code once unverified faster candidates are counted: a missed target
-    keeps its 3; otherwise 4 says that data would unlock a faster artifact."""
+def final_exit(
+    exit_code: int,
+    verdict: str,
+    unverified: Sequence[dict[str, Any]],
+    *,
+    target_ms: float | None = None,
+    baseline_ms: float | None = None,
+    fail_on_unverified: bool = False,
+) -> tuple[str, int]:
+    """The verdict and exit code once unverified faster candidates are counted. A written artifact
+    is a success (0, or 3 for a missed target); 4 only when a target is given that the artifact
+    misses and an unverified candidate would meet (its speedup over `baseline_ms`, the baseline's
+    latency in the artifact's own measurement), or with `fail_on_unverified`."""
     if not unverified:
         return verdict, exit_code
     best = unverified[0]
@@ -143,7 +152,16 @@ def final_exit(exit_code: int, verdict: str, unverified: Sequence[dict[str, Any]
         f"{len(unverified)} faster candidate(s) not shipped, unverified "
         f"(fastest: {best['label']} at {best['speedup']:.2f}x)"
     )
-    return f"{verdict}; {line}", (exit_code if exit_code == EXIT_TARGET_MISSED else EXIT_UNVERIFIED)
+    would_meet = [
+        c["label"]
+        for c in unverified
+        if target_ms is not None and baseline_ms and baseline_ms / float(c["speedup"]) <= target_ms
+    ]
+    if exit_code == EXIT_TARGET_MISSED and would_meet:
+        return f"{verdict}; {line}, and {would_meet[0]} would meet the target", EXIT_UNVERIFIED
+    if fail_on_unverified and exit_code != EXIT_TARGET_MISSED:
+        return f"{verdict}; {line} (--fail-on-unverified)", EXIT_UNVERIFIED
+    return f"{verdict}; {line}", exit_code
 
 
 def search_done(spec: StageSpec, target_ms: float | None, best_ms: float) -> bool:
@@ -167,18 +185,26 @@ def judge_candidate(
     ratios: chained ratios carry every earlier comparison's error and bias into one figure."""
     ratio = float(comparison.ratio)
     lo, hi = (float(x) for x in comparison.ratio_ci95)
+    # Every latency a row shows comes from the block pairs its ratio comes from (side_ms).
+    best_ms, cand_ms = comparison.side_ms
     lat, ref = comparison.b.latency, comparison.a.latency
-    record.latency_ms = {"p50": lat["p50"], "p99": lat["p99"], metric: lat[metric]}
+    record.latency_ms = {"p50": lat["p50"], "p99": lat["p99"], metric: cand_ms}
     record.versus = {
         "label": best_label,
-        "latency_ms": {"p50": ref["p50"], "p99": ref["p99"], metric: ref[metric]},
+        "latency_ms": {"p50": ref["p50"], "p99": ref["p99"], metric: best_ms},
     }
     record.ratio, record.ratio_ci95 = ratio, (lo, hi)
     base_ratio = float(versus_baseline.ratio)
     base_lo, base_hi = (float(x) for x in versus_baseline.ratio_ci95)
     record.speedup = 1.0 / base_ratio if base_ratio > 0 else None
     record.speedup_ci95 = (1.0 / base_hi, 1.0 / base_lo) if base_lo > 0 else None
+    record.baseline_ms = versus_baseline.side_ms[0]
+    record.metric = metric
+    record.modes = modes_of(versus_baseline, "baseline", record.label)
     figures = f"{metric} ratio {ratio:.3f}, CI {lo:.3f}–{hi:.3f}"
+    two_speeds = modes_of(comparison, best_label, record.label)
+    if two_speeds:
+        figures += f"; {two_speeds['sentence']}"
     if hi < 1.0 and ratio <= 1.0 - min_improvement:
         record.status = Status.KEPT
         record.reason = f"{1 / ratio:.2f}x faster than {best_label} ({figures})"
@@ -192,6 +218,47 @@ def judge_candidate(
         record.reason = f"not faster than {best_label} with confidence ({figures})"
     else:
         record.reason = f"gain below the recipe's {min_improvement:.0%} minimum ({figures})"
+
+
+def modes_of(comparison: Comparison, a_label: str, b_label: str) -> dict[str, Any] | None:
+    """When a comparison's pair ratios fell in two groups (a side that runs at two speeds): both
+    groups' latencies and speedups, and a sentence that says which figure stands; else None."""
+    paired = comparison.paired
+    if paired is None or not paired.modes:
+        return None
+    low, high = paired.modes  # low: B faster relative to A
+    chosen = "low" if paired.figure is low else "high"
+    moved = {"A": a_label, "B": b_label}.get(paired.moved, "both sides")
+    if paired.moved in ("A", "B"):
+        side = "a_ms" if paired.moved == "A" else "b_ms"
+        speeds = (
+            f"{moved} ran at {getattr(low, side):.3g} ms in {low.pairs} block pairs and "
+            f"{getattr(high, side):.3g} ms in {high.pairs}"
+        )
+    else:
+        speeds = (
+            f"the two sides' ratio fell in two groups ({low.pairs} and {high.pairs} block pairs: "
+            f"{low.b_ms:.3g}/{low.a_ms:.3g} ms and {high.b_ms:.3g}/{high.a_ms:.3g} ms)"
+        )
+    sets = paired.overall.groups
+    if len(sets) > 1:
+        speeds += f" (process sets {_sets(low.groups)} and {_sets(high.groups)} of {len(sets)})"
+    speedups = sorted((1.0 / low.ratio, 1.0 / high.ratio))
+    sentence = (
+        f"{speeds}: {b_label} is {speedups[0]:.2f}x–{speedups[1]:.2f}x vs {a_label}; the figure is "
+        f"{1.0 / paired.figure.ratio:.2f}x, the one nearer no difference"
+    )
+    return {
+        "moved": moved,
+        "modes": [m.to_json() for m in paired.modes],
+        "chosen": chosen,
+        "speedups": speedups,
+        "sentence": sentence,
+    }
+
+
+def _sets(groups: Sequence[int]) -> str:
+    return ", ".join(str(g + 1) for g in groups)
 
 
 # A runner-up whose estimated speedup is within this fraction of the best's meets it directly.
@@ -241,6 +308,7 @@ __all__ = [
     "final_exit",
     "hold_unverified",
     "judge_candidate",
+    "modes_of",
     "original_wins_final",
     "pre_skip_reason",
     "runoff_candidates",

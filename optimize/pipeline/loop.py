@@ -21,7 +21,7 @@ from typing import Any
 
 from optimize.accuracy import MetricError, accuracy_json
 from optimize.artifact import write_artifact
-from optimize.bench import BenchSettings, Measurement
+from optimize.bench import BenchSettings, Comparison, Measurement
 from optimize.env import cpu_class, cpu_isa_flags, machine_fingerprint
 from optimize.errors import first_line
 from optimize.evidence import numerics
@@ -38,7 +38,13 @@ from optimize.pipeline.request import (
     default_out_dir,
     partial_report_path,
 )
-from optimize.pipeline.summary import FinalFigures, PipelineResult, optimize_report, write_partial_report
+from optimize.pipeline.summary import (
+    FinalFigures,
+    PipelineResult,
+    final_line,
+    optimize_report,
+    write_partial_report,
+)
 from optimize.recipes import Recipe, StageSpec
 from optimize.render.markdown import render_markdown
 from optimize.report import write_report
@@ -48,6 +54,9 @@ from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 from optimize.stats import percentile_ci
 
 StageFactory = Callable[[str], Stage]
+# The final comparison times for at least this long, even when the --time-budget is spent: a
+# headline needs its own measurement (a few rounds in each set of processes).
+FINAL_MIN_TIME_S = 3.0
 
 
 @contextlib.contextmanager
@@ -96,6 +105,8 @@ class Pipeline:
         )
         self._deadline = self.record.started + request.time_budget_s if request.time_budget_s else None
         self._loaded: dict[str, Stage | StageSkipped] = {}
+        self._evaluator: Evaluator | None = None
+        self.record.deadline = self._deadline
         # The order the stages run in, by expected gain per second (pipeline/order.py).
         self.cpu = cpu_class(cpu_isa_flags())
         self.fingerprint = machine_fingerprint()
@@ -140,6 +151,7 @@ class Pipeline:
             record, baseline, self.settings, measure_fn=self.measure_fn, compare_fn=self.compare_fn,
             open_worker_fn=self.open_worker_fn,
         )  # fmt: skip
+        self._evaluator = evaluator
         record.log(order.plan_line(self.plan, self.record.model_kind, self.cpu))
         with evaluator:
             base_meas = evaluator.start_baseline()
@@ -150,9 +162,11 @@ class Pipeline:
                     stage="baseline",
                     label="baseline",
                     status=Status.BASELINE,
-                    reason="original model, ONNX Runtime default settings",
+                    reason="original model, ONNX Runtime default settings, measured alone",
                     latency_ms=self._latency(base_meas),
                     speedup=1.0,
+                    baseline_ms=self._latency(base_meas)[self.metric],
+                    metric=self.metric,
                     accuracy={"ok": True, "reason": "reference", "per_output": {}, "worst": {}},
                     backend="onnxruntime",
                     runtime_config={},
@@ -287,15 +301,41 @@ class Pipeline:
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _latency(self, measurement: Measurement) -> dict[str, float]:
+    def _latency(self, measurement: Measurement, figure: float | None = None) -> dict[str, float]:
+        """p50 and p99 of a measurement's runs; at the target percentile `figure` when given (a
+        comparison's figure for the side, from the block pairs its ratio comes from)."""
         lat = measurement.latency
-        return {"p50": lat["p50"], "p99": lat["p99"], self.metric: lat[self.metric]}
+        value = lat[self.metric] if figure is None else figure
+        return {"p50": lat["p50"], "p99": lat["p99"], self.metric: value}
+
+    def _side_interval(self, comparison: Comparison) -> tuple[float, float]:
+        """The 95% interval of the artifact's figure in the final comparison."""
+        paired = comparison.paired
+        if paired is not None:
+            return paired.figure.b_ci95
+        _, lo, hi = percentile_ci(comparison.b.samples_ms, self.metric)
+        return lo, hi
 
     def _target_met(self, measurement: Measurement, confident: bool) -> bool:
         return judge.target_met(measurement.samples_ms, self.metric, self.request.target_ms, confident)
 
     def _time_left(self) -> float | None:
-        return None if self._deadline is None else self._deadline - time.monotonic()
+        """Seconds of the --time-budget left for the search: what the end of the run (the final
+        comparison in fresh processes and writing the artifact) will take is kept back."""
+        if self._deadline is None:
+            return None
+        reserve = self._evaluator.end_cost_s(self._evaluator.best.candidate) if self._evaluator else 0.0
+        return self._deadline - time.monotonic() - reserve
+
+    def _final_time_s(self) -> float | None:
+        """The final comparison's timing budget: the recipe's, or what is left of the --time-budget
+        once its processes' start and the artifact's write are counted, whichever is less."""
+        if self._deadline is None or self._evaluator is None:
+            return None
+        best = self._evaluator.best.candidate
+        overhead = self._evaluator.end_cost_s(best) - self.settings.max_time_s
+        left = self._deadline - time.monotonic() - overhead
+        return float(min(self.settings.max_time_s, max(left, FINAL_MIN_TIME_S)))
 
     def _best_ms(self) -> float:
         return float(self._latency(self.best_alone)[self.metric])
@@ -443,21 +483,39 @@ class Pipeline:
         best, best_accuracy, kept_chain = state.candidate, state.accuracy, state.kept_chain
         final: dict[str, Any] | None = None
         speedup, speedup_ci = 1.0, (1.0, 1.0)
+        value: float | None = None
+        lo_v = hi_v = 0.0
+        self._evaluator = evaluator
         if best is not original:
-            comparison = evaluator.measure_artifact(best)
+            record.status(f"final: {best.label} against the baseline, fresh processes")
+            comparison = evaluator.measure_artifact(best, max_time_s=self._final_time_s())
             final = comparison.to_json()
             lo, hi = comparison.ratio_ci95
             speedup, speedup_ci = 1.0 / comparison.ratio, (1.0 / hi, 1.0 / lo)
-            # One figure for the artifact: its row carries the headline's.
+            base_ms, art_ms = comparison.side_ms
+            # One figure for the artifact: its row, the baseline's row, the headline and the target
+            # verdict all read this measurement.
             row = next(
                 r for r in reversed(record.records) if r.label == best.label and r.status == Status.KEPT
             )
             row.speedup, row.speedup_ci95 = speedup, speedup_ci
+            row.latency_ms = self._latency(comparison.b, art_ms)
+            row.baseline_ms = base_ms
+            row.modes = judge.modes_of(comparison, "ONNX Runtime defaults", best.label)
             row.details["final"] = final
+            base_row = record.records[0]
+            base_row.latency_ms = self._latency(comparison.a, base_ms)
+            base_row.baseline_ms = base_ms
+            base_row.reason = (
+                "original model, ONNX Runtime default settings; measured beside the artifact in its "
+                "final comparison"
+            )
             record.results += [
                 {**comparison.a.to_json(), "label": f"baseline (beside {best.label}, the artifact)"},
                 {**comparison.b.to_json(), "label": f"{best.label} (the artifact, beside the baseline)"},
             ]
+            value, (lo_v, hi_v) = art_ms, self._side_interval(comparison)
+            record.log(final_line(best.label, self.metric, comparison, speedup, speedup_ci, row.modes))
             if judge.original_wins_final(comparison):
                 record.warnings.append(
                     f"{best.label} measured slower than the baseline side by side "
@@ -467,14 +525,19 @@ class Pipeline:
                 self._revert(best.label, speedup, speedup_ci)
                 best, kept_chain = original, []
                 speedup, speedup_ci = 1.0, (1.0, 1.0)
+                value = None
 
-        # The target verdict reads the same figure every target decision of the run read: the
-        # artifact measured alone in the process, when it became the best (see best_alone).
-        best_meas = self.best_alone if best is not original else base_meas
-        value, lo_v, hi_v = percentile_ci(best_meas.samples_ms, self.metric)
+        if value is None:  # the original ships: its figure is the baseline's
+            base_row = record.records[0]
+            value = float((base_row.latency_ms or {}).get(self.metric, 0.0))
+            _, lo_v, hi_v = percentile_ci(base_meas.samples_ms, self.metric)
         verdict, exit_code, met = judge.target_verdict(value, self.request.target_ms, self.metric)
         unverified = judge.unverified_faster(record.records, speedup)
-        verdict, exit_code = judge.final_exit(exit_code, verdict, unverified)
+        verdict, exit_code = judge.final_exit(
+            exit_code, verdict, unverified, target_ms=self.request.target_ms,
+            baseline_ms=(record.records[0].latency_ms or {}).get(self.metric),
+            fail_on_unverified=self.request.fail_on_unverified,
+        )  # fmt: skip
         best_numerics = (
             "exact"
             if best is original

@@ -54,6 +54,12 @@ class StageRecord:
     # vs the baseline, measured in the same side-by-side run as the ratio (never chained)
     speedup: float | None = None
     speedup_ci95: tuple[float, float] | None = None
+    # The baseline's latency (at the target percentile) in the measurement the speedup comes
+    # from: the row's latency divided into it gives its speedup.
+    baseline_ms: float | None = None
+    # Where a side ran at two speeds in that measurement: both figures (pipeline/judge.modes_of).
+    modes: dict[str, Any] | None = None
+    metric: str = "p50"  # the percentile latency_ms's figure and the ratios are of
     accuracy: dict[str, Any] | None = None
     details: dict[str, Any] = field(default_factory=dict)
     backend: str | None = None
@@ -90,6 +96,9 @@ class StageRecord:
             "ratio_ci95": list(self.ratio_ci95) if self.ratio_ci95 else None,
             "speedup_vs_baseline": self.speedup,
             "speedup_ci95": list(self.speedup_ci95) if self.speedup_ci95 else None,
+            "baseline_ms": self.baseline_ms,
+            "metric": self.metric,
+            **({"modes": self.modes} if self.modes else {}),
             "accuracy": self.accuracy,
             "details": json_safe(self.details),
             "backend": self.backend,
@@ -139,6 +148,9 @@ class RunRecord:
     input_spec: InputSpec | None = None
     accuracy_samples: int = 0
     external_data: bool = False
+    # The --time-budget's end (monotonic seconds), and the step that was running when it passed.
+    deadline: float | None = None
+    over_budget_step: str = ""
 
     @property
     def metric(self) -> str:
@@ -166,6 +178,9 @@ class RunRecord:
             self.progress.log(f"warning: {text}")
 
     def status(self, text: str) -> None:
+        if self.deadline is not None and not self.over_budget_step and time.monotonic() > self.deadline:
+            self.over_budget_step = text
+            self.log(f"the --time-budget ran out; still to do: {text}")
         self.progress.status(text)
 
     def elapsed_s(self) -> float:

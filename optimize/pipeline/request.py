@@ -71,6 +71,9 @@ class OptimizeRequest:
     # --search-order: gain (expected gain per second, pipeline/order.py) | recipe (the recipe's order)
     search_order: str = "gain"
     stop_at_target: bool = False
+    # Exit 4 whenever a faster candidate was left out unverified (else only when a target is given
+    # and only an unverified candidate would meet it).
+    fail_on_unverified: bool = False
     enable: list[str] = field(default_factory=list)
     disable: list[str] = field(default_factory=list)
     seed: int = 0
@@ -209,6 +212,7 @@ ACCURACY_SPEC_KEYS: dict[str, tuple[str, str, bool]] = {
     "detection": ("min_detection", ">=", False),
     "detection-score": ("detection_score", "=", False),
     "detection-iou": ("detection_iou", "=", False),
+    "mask": ("min_mask_iou", ">=", False),
     "rel": ("max_rel", "<=", False),
     "abs": ("max_abs", "<=", False),
     "samples": ("samples", "=", True),

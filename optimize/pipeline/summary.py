@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from optimize import interrupts
+from optimize.bench import Comparison
 from optimize.errors import UsageError, first_line
 from optimize.files import write_json_atomic
 from optimize.pipeline.record import RunRecord, StageRecord, Status, json_safe
@@ -54,6 +55,29 @@ class FinalFigures:
     time_to_best_s: float = 0.0
 
 
+def final_line(
+    label: str,
+    metric: str,
+    comparison: Comparison,
+    speedup: float,
+    speedup_ci: tuple[float, float],
+    modes: dict[str, Any] | None,
+) -> str:
+    """The log line of the artifact's final comparison: the figures every report then shows."""
+    base_ms, art_ms = comparison.side_ms
+    paired = comparison.paired
+    pairs = f"{paired.figure.pairs} block pairs in " if paired is not None else ""
+    sets = len(paired.overall.groups) if paired is not None else 1
+    line = (
+        f"final: {label} against ONNX Runtime defaults, {pairs}{sets} fresh pair(s) of processes: "
+        f"{metric} {art_ms:.3f} ms vs {base_ms:.3f} ms, {speedup:.2f}x "
+        f"(95% CI {speedup_ci[0]:.2f}–{speedup_ci[1]:.2f}); the table and the reports show this measurement"
+    )
+    if modes:
+        line += f"; {modes['sentence']}"
+    return line
+
+
 def optimize_report(run: RunRecord, final: FinalFigures) -> dict[str, Any]:
     """The report of a finished run (kind "optimize"), validated by the report writer."""
     assert run.input_spec is not None, "a finished run resolved its inputs"
@@ -93,6 +117,7 @@ def optimize_report(run: RunRecord, final: FinalFigures) -> dict[str, Any]:
         "warnings": run.all_warnings(),
         "log": run.logs[-200:],
         "elapsed_s": run.elapsed_s(),
+        "over_budget": _over_budget(run),
         "time_to_best_s": final.time_to_best_s,
         "search": run.search,
         "stage_seconds": {name: round(s, 3) for name, s in run.stage_seconds.items()},
@@ -116,6 +141,17 @@ def optimize_report(run: RunRecord, final: FinalFigures) -> dict[str, Any]:
     report["results"] = list(run.results)
     report["optimize"] = json_safe(section)
     return report
+
+
+def _over_budget(run: RunRecord) -> dict[str, Any] | None:
+    """How far past the --time-budget the run ended, and the step that was running then."""
+    budget = run.request.time_budget_s
+    if not budget:
+        return None
+    over = run.elapsed_s() - budget
+    if over <= 0:
+        return None
+    return {"seconds": round(over, 3), "step": run.over_budget_step}
 
 
 def runtime_bests(records: list[StageRecord]) -> dict[str, dict[str, Any]]:
@@ -207,6 +243,7 @@ __all__ = [
     "PipelineResult",
     "StageRecord",
     "best_so_far",
+    "final_line",
     "optimize_report",
     "runtime_bests",
     "write_partial_report",

@@ -79,22 +79,31 @@ def accuracy_lines(acc: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def speedup_cell(value: Any, ci: Any) -> str:
+    """`2.07x (1.98–2.13)`, or `2.07x` without an interval, or `–`."""
+    if not isinstance(value, (int, float)):
+        return "–"
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(x, (int, float)) for x in ci):
+        return f"{value:.2f}x ({ci[0]:.2f}–{ci[1]:.2f})"
+    return f"{value:.2f}x"
+
+
 def table_rows(section: Mapping[str, Any]) -> list[list[str]]:
-    """Rows of the final table: stage, status, p50, the p50 of the side it was measured against
-    in the same run (what its verdict compares), p99, speedup, accuracy, reason."""
+    """Rows of the final table: stage, status, the candidate's latency at the target percentile,
+    the baseline's in the same measurement, p99, speedup with its 95% CI, accuracy, reason. The
+    two latencies and the speedup of a row come from one measurement."""
+    metric = (section.get("target") or {}).get("percentile", "p50")
     rows = []
     for r in section.get("stages", []):
         lat = r.get("latency_ms") or {}
-        versus = (r.get("versus") or {}).get("latency_ms") or {}
-        speed = r.get("speedup_vs_baseline")
         rows.append(
             [
                 r["label"],
                 r["status"],
-                _fmt_ms(lat.get("p50")),
-                _fmt_ms(versus.get("p50")),
+                _fmt_ms(lat.get(metric, lat.get("p50"))),
+                _fmt_ms(r.get("baseline_ms")),
                 _fmt_ms(lat.get("p99")),
-                f"{speed:.2f}x" if isinstance(speed, (int, float)) else "–",
+                speedup_cell(r.get("speedup_vs_baseline"), r.get("speedup_ci95")),
                 accuracy_cell(r.get("accuracy")),
                 r.get("reason", ""),
             ]
@@ -102,14 +111,30 @@ def table_rows(section: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
-TABLE_HEADER = ["stage", "status", "p50 ms", "vs best", "p99 ms", "speedup", "accuracy", "reason"]
+def table_header(section: Mapping[str, Any]) -> list[str]:
+    metric = (section.get("target") or {}).get("percentile", "p50")
+    return [
+        "stage",
+        "status",
+        f"{metric} ms",
+        "baseline ms",
+        "p99 ms",
+        "speedup (95% CI)",
+        "accuracy",
+        "reason",
+    ]
+
+
 TABLE_NOTE = (
-    "p50/p99 come from each candidate's own side-by-side comparison (every side in its own process, "
-    'one runtime per process) and carry the machine\'s load at that moment; "vs best" is the p50 of '
-    "the best so far in that same comparison, the figure the row's verdict compares with. Compare rows "
-    "by speedup: each candidate's own measured speedup over the baseline, timed in the same run as its "
-    "ratio to the best. A candidate is kept only when it is accurate and faster by the recipe's minimum "
-    "with its ratio's 95% CI below 1, twice (the second time on fresh processes)."
+    "Each row's latency, the baseline's latency beside it and its speedup come from one side-by-side "
+    "measurement of that candidate with ONNX Runtime defaults (every side in its own process, one "
+    "runtime per process, alternating blocks): the speedup is the median of the per-block-pair "
+    "ratios, so the baseline's latency divided by the row's gives it to within a few percent, and "
+    "its interval is the median's, from the same pairs. The artifact's row and the baseline's come "
+    "from the final comparison, in fresh processes after the search. Rows measured at different "
+    "moments carry the machine's speed at that moment: compare rows by speedup. A candidate is kept "
+    "only when it is accurate and faster than the best so far by the recipe's minimum with its "
+    "ratio's 95% CI below 1, twice (the second time on fresh processes)."
 )
 
 
@@ -195,7 +220,8 @@ def render_markdown_section(section: Mapping[str, Any]) -> str:
         lines += evidence_lines(section)
         if section.get("external_data"):
             lines.append("- the model stores its weights as external data; the artifact carries them")
-    lines += ["", "| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
+    header = table_header(section)
+    lines += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in table_rows(section):
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
     lines += [

@@ -443,16 +443,34 @@ _STATUS_STYLE = {
 
 
 def optimize_row_line(row: Mapping[str, Any]) -> str:
-    """One streamed line per row of an optimize report's stage table, as it lands."""
-    status, latency = str(row["status"]), row.get("latency_ms")
+    """One streamed line per row of an optimize report's stage table, as it lands: the row's
+    latency beside the one its verdict compares with (the best so far, in the same run), the
+    reason, and its speedup over the baseline with the baseline's latency in that same run."""
+    status, latency = str(row["status"]), row.get("latency_ms") or {}
     style = _STATUS_STYLE.get(status, "")
-    p50 = f" p50 {latency['p50']:.3f} ms" if latency else ""
-    versus = (row.get("versus") or {}).get("latency_ms")
-    if latency and versus:
-        # The figure its verdict compares with: the same run, not the baseline measured alone.
-        p50 += f" vs {versus['p50']:.3f} ms"
-    label, reason = escape(str(row["label"])), escape(str(row.get("reason", "")))
-    return f"[{style}]{status:>8}[/] {label}{p50}  [dim]{reason}[/]"
+    metric = str(row.get("metric") or "p50")
+    label = escape(str(row["label"]))
+    figures = ""
+    value = latency.get(metric)
+    versus = row.get("versus") or {}
+    versus_ms = (versus.get("latency_ms") or {}).get(metric)
+    if isinstance(value, (int, float)):
+        figures = f" {metric} {value:.3f} ms"
+        if isinstance(versus_ms, (int, float)):
+            figures += f" vs {escape(str(versus.get('label', 'best')))} {versus_ms:.3f} ms"
+    reason = escape(str(row.get("reason", "")))
+    speedup, base_ms = row.get("speedup_vs_baseline"), row.get("baseline_ms")
+    if (
+        status != "baseline"
+        and versus.get("label") != "baseline"
+        and isinstance(speedup, (int, float))
+        and isinstance(base_ms, (int, float))
+    ):
+        ci = row.get("speedup_ci95")
+        interval = f", CI {ci[0]:.2f}–{ci[1]:.2f}" if ci else ""
+        reason += f"; vs the baseline ({base_ms:.3f} ms in that run): {speedup:.2f}x{interval}"
+    name = "" if status == label else f" {label}"
+    return f"[{style}]{status:>8}[/]{name}{figures}  [dim]{reason}[/]"
 
 
 def _budget_words(report: Mapping[str, Any]) -> str:
@@ -463,6 +481,10 @@ def _budget_words(report: Mapping[str, Any]) -> str:
     if budget is None:
         return " (no time budget: the full search)"
     default = ", the default" if settings.get("time_budget_default") else ""
+    over = (report.get("optimize") or {}).get("over_budget")
+    if over:
+        step = f"; it ran out at: {over['step']}" if over.get("step") else ""
+        default += f"; over it by {clock_text(over['seconds'])}{step}"
     return f" (time budget {clock_text(budget)}{default})"
 
 
@@ -481,13 +503,15 @@ def render_optimize_summary(
     # The rows' reasons and accuracy were streamed as each stage finished (optimize_row_line)
     # and are in report.md: this table only lines the figures up, one line per stage.
     rows = [[row[0], row[1], row[2], row[3], row[5]] for row in table_rows(section)]
+    metric = (section.get("target") or {}).get("percentile", "p50")
 
     def table_for(label_width: int) -> Table:
         table = Table(
             title=f"lto optimize: {escape(Path(report['model']['path']).name)}",
             title_justify="left",
-            caption="vs best: the best's p50 in the same side-by-side run; speedup: vs ONNX "
-            "Runtime defaults, measured in that run; reasons above and in report.md",
+            caption=f"Each row: its {metric}, the baseline's {metric} beside it and the speedup "
+            "(95% CI) from one side-by-side run; the artifact's and the baseline's rows from the "
+            "final comparison. Reasons above and in report.md",
             caption_justify="left",
             box=box.SIMPLE_HEAD,
             pad_edge=False,
@@ -496,7 +520,7 @@ def render_optimize_summary(
         )
         table.add_column("stage", no_wrap=True, width=label_width)
         table.add_column("status", no_wrap=True)
-        for name in ("p50 ms", "vs best", "speedup"):
+        for name in (f"{metric} ms", "baseline ms", "speedup (95% CI)"):
             table.add_column(name, justify="right", no_wrap=True)
         for row in rows:
             style = _STATUS_STYLE.get(row[1], "")

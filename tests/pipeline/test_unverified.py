@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from optimize.artifact import load_artifact
 from optimize.pipeline import OptimizeRequest, PipelineResult, optimize
-from optimize.pipeline.judge import EXIT_TARGET_MET, EXIT_UNVERIFIED
+from optimize.pipeline.judge import EXIT_TARGET_MET, EXIT_TARGET_MISSED, EXIT_UNVERIFIED
 from optimize.stage import Candidate, Stage, StageContext
 from tests.pipeline.test_pipeline import FakeBench, FakeStage, write_recipe
 
@@ -107,7 +108,8 @@ def test_with_no_data_a_faster_int8_is_measured_listed_and_not_shipped(tmp_path:
     record = next(r for r in result.records if r.label == "fake-int8")
     assert record.status == "unverified" and record.numerics == "quantized"
     assert "generated" in record.reason and "not shipped: unverified" in record.reason
-    assert result.best.label == "baseline" and result.exit_code == EXIT_UNVERIFIED
+    # No --target-ms and an artifact written: a success, whatever was left out (CI's `|| exit 1`).
+    assert result.best.label == "baseline" and result.exit_code == EXIT_TARGET_MET
     section = result.report["optimize"]
     left_out = section["unverified"]
     assert [c["label"] for c in left_out["candidates"]] == ["fake-int8"]
@@ -119,6 +121,31 @@ def test_with_no_data_a_faster_int8_is_measured_listed_and_not_shipped(tmp_path:
     assert manifest["numerics"] == "exact"
     md = (tmp_path / "out" / "report.md").read_text()
     assert "Faster candidates not shipped" in md and "--eval-data EVAL.npz" in md
+
+
+@pytest.mark.parametrize(
+    ("target_ms", "fail_on_unverified", "code"),
+    [
+        (None, False, EXIT_TARGET_MET),  # no target: the written artifact is the answer
+        (None, True, EXIT_UNVERIFIED),  # asked to fail on what was left out
+        (2.0, False, EXIT_TARGET_MET),  # the shipped original (1 ms) meets the target
+        (2.0, True, EXIT_UNVERIFIED),
+        (0.7, False, EXIT_UNVERIFIED),  # missed; the unverified int8 (0.5 ms) would meet it
+        (0.3, False, EXIT_TARGET_MISSED),  # missed, and nothing left out would meet it either
+        (0.3, True, EXIT_TARGET_MISSED),  # a missed target says more than what was left out
+    ],
+)
+def test_each_exit_code_of_a_run_with_an_unverified_faster_candidate(
+    tmp_path: Path, target_ms: float | None, fail_on_unverified: bool, code: int
+) -> None:
+    model = classifier_model(tmp_path / "cls.onnx")
+    stages = {"fake-int8": int8_stage("fake-int8", lambda p: classifier_model(p, 0.001))}
+    result = run(tmp_path, model, stages, {"fake-int8": 0.5}, target_ms=target_ms,
+                 fail_on_unverified=fail_on_unverified)  # fmt: skip
+    assert result.best.label == "baseline"
+    assert result.exit_code == code, result.verdict
+    if code == EXIT_UNVERIFIED and target_ms is not None and not fail_on_unverified:
+        assert "fake-int8 would meet the target" in result.verdict
 
 
 def test_on_real_rows_that_can_tell_the_int8_ships_with_its_evidence(tmp_path: Path) -> None:
@@ -166,10 +193,14 @@ def test_a_detector_given_images_with_nothing_to_detect_ships_no_int8(tmp_path: 
     empty = detector_rows(tmp_path / "empty.npz", 16, objects=False)
     result = run(tmp_path, model, stages, {"fake-int8": 0.5}, eval_data=empty)
     record = next(r for r in result.records if r.label == "fake-int8")
-    assert record.status == "unverified" and result.best.label == "baseline"
-    assert "detects 0 object(s)" in record.reason
-    assert "rows in which the original detects objects" in result.report["optimize"]["unverified"]["needs"]
-    assert result.exit_code == EXIT_UNVERIFIED
+    # It failed on these rows (its class scores are zero): inaccurate, not "unverified", and never
+    # offered for verification, though the rows cannot tell and the reason says so.
+    assert record.status == "rejected" and record.inaccurate and result.best.label == "baseline"
+    assert "on rows that cannot tell" in record.reason and "detects 0 object(s)" in record.reason
+    assert result.report["optimize"]["unverified"] is None
+    evidence = result.report["optimize"]["accuracy"]["evidence"]
+    assert "rows in which the original detects objects" in evidence["needs"]
+    assert result.exit_code == 0  # no --target-ms: a written artifact is a success
 
 
 def test_a_detector_given_real_detections_ships_int8_only_if_it_keeps_them(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 import numpy as np
+import pytest
 from rich.console import Console
 
 from optimize.gate import Side, decide
@@ -100,8 +101,8 @@ def test_shorten_label_keeps_the_batch_suffix() -> None:
 
 
 def _optimize_report(rows: int) -> dict[str, Any]:
-    stages = [{"label": "baseline", "status": "baseline", "latency_ms": {"p50": 2.0, "p99": 3.0},
-               "speedup_vs_baseline": 1.0, "reason": "original model"}]  # fmt: skip
+    stages = [{"label": "baseline", "status": "baseline", "latency_ms": {"p50": 1.9, "p99": 3.0},
+               "baseline_ms": 1.9, "speedup_vs_baseline": 1.0, "reason": "original model"}]  # fmt: skip
     statuses = ["kept", "rejected", "reverted", "skipped", "failed"]
     for i in range(rows - 1):
         status = statuses[i % len(statuses)]
@@ -113,6 +114,8 @@ def _optimize_report(rows: int) -> dict[str, Any]:
                 "latency_ms": {"p50": 1.5 + i / 100, "p99": 2.5} if timed else None,
                 "versus": {"label": "baseline", "latency_ms": {"p50": 1.91, "p99": 2.9}} if timed else None,
                 "speedup_vs_baseline": 1.25 + i / 100 if timed else None,
+                "speedup_ci95": [1.2, 1.3 + i / 100] if timed else None,
+                "baseline_ms": (1.5 + i / 100) * (1.25 + i / 100) if timed else None,
                 "accuracy": {"worst": {"cosine": 0.999912}},
                 "reason": "a long reason that explains in many words why this candidate was judged so " * 2,
             }
@@ -138,8 +141,15 @@ def test_optimize_summary_is_one_line_a_stage_at_80_columns() -> None:
     assert len(lines) < 25
     reverted = next(line for line in stage_lines if "reverted" in line)
     assert "1.52" in reverted and "1.27x" in reverted
-    # Beside its p50, the p50 its verdict compared with: the best's in the same interleaved run.
-    assert "1.91" in reverted and "vs best" in text
+    # Each row's two latencies, divided, give its speedup: they come from one measurement.
+    for line in stage_lines:
+        cells = line.split()
+        if cells[2] != "–":
+            ms, base_ms = float(cells[2]), float(cells[3])
+            shown = float(cells[4].rstrip("x"))
+            assert base_ms / ms == pytest.approx(shown, rel=0.01)
+    # Beside its p50, the baseline's p50 in the same run: the two divide into its speedup.
+    assert "1.930" in reverted and "baseline ms" in text
 
 
 def test_streamed_row_shows_the_same_run_figure_its_verdict_compares() -> None:
@@ -150,7 +160,7 @@ def test_streamed_row_shows_the_same_run_figure_its_verdict_compares() -> None:
     record.latency_ms = {"p50": 1.344, "p99": 2.0}
     record.versus = {"label": "baseline", "latency_ms": {"p50": 1.280, "p99": 1.9}}
     line = optimize_row_line(record.to_json())
-    assert "p50 1.344 ms vs 1.280 ms" in line  # both from one run: the verdict and figures agree
+    assert "p50 1.344 ms vs baseline 1.280 ms" in line  # both from one run: the verdict and figures agree
 
 
 def test_streamed_row_styles_a_reverted_candidate() -> None:

@@ -1,0 +1,89 @@
+"""The one estimator of a side-by-side comparison: the median of per-pair ratios, its interval,
+and the modes of a side that runs at two speeds."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from optimize.stats import median_interval, median_interval_coverage, paired_ratio, split_modes
+
+
+def test_the_median_interval_covers_the_median_at_its_level() -> None:
+    rng = np.random.default_rng(1)
+    hits = 0
+    trials = 2000
+    for _ in range(trials):
+        _, lo, hi = median_interval(rng.lognormal(0.0, 0.3, size=21))
+        hits += lo <= 1.0 <= hi  # the lognormal's median is exp(0) = 1
+    assert hits / trials >= 0.94
+    assert median_interval_coverage(21) >= 0.95
+    assert median_interval_coverage(4) < 0.95  # too few pairs for a 95% interval: said, not hidden
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(0.05, 500.0, allow_nan=False), min_size=1, max_size=60),
+    st.lists(st.floats(0.05, 500.0, allow_nan=False), min_size=1, max_size=60),
+)
+def test_every_figure_lies_inside_its_own_interval(a: list[float], b: list[float]) -> None:
+    n = min(len(a), len(b))
+    paired = paired_ratio(a[:n], b[:n])
+    for figure in (paired.figure, paired.overall, *paired.modes):
+        lo, hi = figure.ci95
+        assert lo <= figure.ratio <= hi
+        assert figure.a_ci95[0] <= figure.a_ms <= figure.a_ci95[1]
+        assert figure.b_ci95[0] <= figure.b_ms <= figure.b_ci95[1]
+
+
+def _noisy(rng: np.random.Generator, centre: float, n: int, rel: float = 0.02) -> np.ndarray:
+    return centre * (1.0 + rel * rng.standard_normal(n))
+
+
+def test_a_baseline_at_two_speeds_is_named_and_the_figure_is_against_its_faster_mode() -> None:
+    rng = np.random.default_rng(7)
+    n = 30
+    fast = rng.random(n) < 0.6
+    baseline = np.where(fast, _noisy(rng, 15.0, n), _noisy(rng, 27.0, n))
+    artifact = _noisy(rng, 10.4, n)
+    paired = paired_ratio(baseline, artifact, groups=np.repeat([0, 1, 2], 10))
+    assert len(paired.modes) == 2 and paired.moved == "A"
+    low, high = paired.modes
+    assert 1 / low.ratio == pytest.approx(27.0 / 10.4, rel=0.05)
+    assert 1 / high.ratio == pytest.approx(15.0 / 10.4, rel=0.05)
+    # The figure a user can count on: against the baseline's fast mode, not the lucky draw.
+    assert paired.figure is high
+    assert high.a_ms == pytest.approx(15.0, rel=0.03)
+    assert high.a_ms / high.b_ms == pytest.approx(1 / high.ratio, rel=0.05)
+    assert set(paired.overall.groups) == {0, 1, 2}
+
+
+def test_a_candidate_at_two_speeds_is_judged_by_its_slow_mode() -> None:
+    rng = np.random.default_rng(3)
+    n = 24
+    baseline = _noisy(rng, 20.0, n)
+    slow = np.arange(n) % 4 == 0
+    candidate = np.where(slow, _noisy(rng, 16.0, n), _noisy(rng, 8.0, n))
+    paired = paired_ratio(baseline, candidate)
+    assert paired.moved == "B"
+    assert 1 / paired.figure.ratio == pytest.approx(20.0 / 16.0, rel=0.05)
+
+
+@pytest.mark.parametrize("rel", [0.01, 0.05, 0.12])
+def test_one_speed_with_noise_is_one_mode(rel: float) -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(50):
+        paired = paired_ratio(_noisy(rng, 10.0, 20, rel), _noisy(rng, 5.0, 20, rel))
+        assert not paired.modes
+        assert paired.figure is paired.overall
+
+
+def test_a_few_outliers_are_not_a_mode() -> None:
+    rng = np.random.default_rng(5)
+    log_ratios = np.log(_noisy(rng, 0.5, 40))
+    log_ratios[:2] += math.log(1.8)  # two blocks hit by a burst on one side: 5% of the pairs
+    assert split_modes(log_ratios) is None
