@@ -20,9 +20,12 @@ and three figures of B's speedup over A are printed:
     nice -n 5 .venv/bin/python -m benchmarks.runtime_agreement [NAMES...] [--pairs ov-f32,...]
 
 With `--artifacts`, the check is on what users get instead: `lto optimize MODEL --calib-data ROWS`
-(as `make demo` runs it, `--time-budget` each), then the artifact's headline speedup, `lto bench
---artifact ART --compare MODEL`, and the two timed alone by `lto bench` in fresh processes,
-alternated (median over median, as benchmarks/corpus_speedups.py does).
+(as `make demo` runs it, with lto's default --time-budget unless one is given), then the
+artifact's headline speedup, `lto bench --artifact ART --compare MODEL`, and the two timed alone by
+`lto bench` in fresh processes, alternated 5 times (median over median, as
+benchmarks/corpus_speedups.py does). The table says whether the three agree within ±10%, or
+names the modes (a side at two speeds) that keep them apart, and lto optimize's wall time
+against its budget. `--budget-only` times lto optimize alone (e.g. with --time-budget 60s).
 
 Prints a Markdown table and writes it, with the rows as JSON, to reports/runtime-agreement.{md,json}
 (reports/artifact-agreement.{md,json} with --artifacts).
@@ -210,33 +213,80 @@ class ArtifactRow:
     pick: str = ""
     headline: float | None = None
     headline_ci95: tuple[float, float] | None = None
+    headline_modes: str = ""  # what lto optimize said of a side at two speeds ("" for none)
     bench_compare: float | None = None
     bench_compare_ci95: tuple[float, float] | None = None
+    bench_modes: str = ""
     alone: float | None = None
     alone_p50_ms: dict[str, list[float]] = field(default_factory=dict)
+    alone_modes: str = ""  # a side whose alone p50s fell in two groups across the alternations
+    budget_s: float | None = None  # the --time-budget (None: the default)
+    wall_s: float | None = None  # lto optimize's wall time, process start to exit
+    over_budget: dict[str, Any] | None = None  # the report's own account of an overrun
+    exit_code: int | None = None
     error: str = ""
+
+    def spread(self) -> float | None:
+        """max / min of the three figures: 1.0 when they agree exactly."""
+        figures = [f for f in (self.headline, self.bench_compare, self.alone) if f]
+        return max(figures) / min(figures) if len(figures) == 3 else None
+
+    def agreement(self) -> str:
+        spread = self.spread()
+        if spread is None:
+            return ""
+        if spread <= 1.0 + AGREE:
+            return "agree"
+        named = [m for m in (self.headline_modes, self.bench_modes, self.alone_modes) if m]
+        return "modes named" if named else "DISAGREE"
+
+
+def _alone_modes(p50s: dict[str, list[float]]) -> str:
+    """Which side's alone p50s fell in two groups over the alternations, with both groups."""
+    from optimize.stats import split_modes
+
+    found = []
+    for side, values in p50s.items():
+        split = split_modes(np.log(np.asarray(values, dtype=np.float64)))
+        if split is not None:
+            low, high = (np.asarray(values)[idx] for idx in split)
+            found.append(
+                f"{side} alone at {np.median(low):.3g} ms in {low.size} processes and "
+                f"{np.median(high):.3g} ms in {high.size}"
+            )
+    return "; ".join(found)
 
 
 def check_artifact(name: str, args: argparse.Namespace, work: Path) -> ArtifactRow:
     """lto optimize as a user runs it, then its headline against the other two figures."""
     from benchmarks.corpus_speedups import alone_speedups, lto_command, one_line_error
     from corpus.prepare import prepare
+    from optimize.render.common import modes_sentence
+    from optimize.units import parse_duration
 
     row = ArtifactRow(name)
     data = work / f"{name}-data"
     model = prepare(name, data)
     flags = (data / "args.txt").read_text().split()
     art = work / f"{name}-artifact"
+    budget = ["--time-budget", args.time_budget] if args.time_budget else []
+    row.budget_s = parse_duration(args.time_budget) if args.time_budget else 120.0
     cmd = [*lto_command(), "optimize", str(model), *flags, "--input-data", str(data / "input.npz"),
-           "--calib-data", str(data / "calib.npz"), "--time-budget", args.time_budget, "-o", str(art),
-           "--json"]  # fmt: skip
+           "--calib-data", str(data / "calib.npz"), *budget, "-o", str(art), "--json"]  # fmt: skip
+    started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    row.wall_s, row.exit_code = time.monotonic() - started, proc.returncode
     if proc.returncode not in (0, 3, 4):
         row.error = one_line_error(proc.stderr, proc.returncode)
         return row
     section = json.loads((art / "report.json").read_text())["optimize"]
+    row.over_budget = section.get("over_budget")
     row.pick = f"{section['best']['label']} ({section['best']['backend']})"
     row.headline, row.headline_ci95 = float(section["speedup"]), tuple(section["speedup_ci95"])
+    artifact_row = next((s for s in section["stages"] if s["label"] == section["best"]["label"]), {})
+    row.headline_modes = ((artifact_row.get("modes") or {}).get("sentence")) or ""
+    if args.budget_only:
+        return row
     out = work / f"{name}-compare.json"
     cmd = [*lto_command(), "bench", "--artifact", str(art), "--compare", str(model),
            "--time", str(args.time), "--json", "-o", str(out)]  # fmt: skip
@@ -247,6 +297,8 @@ def check_artifact(name: str, args: argparse.Namespace, work: Path) -> ArtifactR
     comparison = json.loads(out.read_text())["comparison"]
     lo, hi = comparison["ratio_ci95"]
     row.bench_compare, row.bench_compare_ci95 = float(comparison["ratio"]), (lo, hi)  # B/A: the speedup
+    if comparison.get("paired"):
+        row.bench_modes = modes_sentence(comparison["paired"], "artifact", "original")
     if section["best"]["label"] == "baseline":
         row.alone = 1.0
         return row
@@ -255,22 +307,34 @@ def check_artifact(name: str, args: argparse.Namespace, work: Path) -> ArtifactR
     )
     row.alone_p50_ms = {"original": base_p50s, "artifact": sides["artifact"][0]}
     row.alone = sides["artifact"][1]
+    row.alone_modes = _alone_modes(row.alone_p50_ms)
     return row
 
 
 def artifact_table(rows: list[ArtifactRow]) -> str:
     lines = [
         "| model | artifact | lto optimize headline (95% CI) | lto bench --compare (95% CI) | alone "
-        "| headline vs alone | bench --compare vs alone |",
-        "|---|---|---|---|---|---|---|",
+        "| max/min | agreement | optimize wall / budget |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    notes: list[str] = []
     for r in rows:
+        wall = f"{r.wall_s:.0f} s / {r.budget_s:.0f} s" if r.wall_s is not None and r.budget_s else ""
         if r.error:
-            lines.append(f"| {r.model} | {r.error} | | | | | |")
+            lines.append(f"| {r.model} | {r.error} | | | | | | {wall} |")
             continue
         h, b = _with_ci(r.headline, r.headline_ci95), _with_ci(r.bench_compare, r.bench_compare_ci95)
-        offs = f"{_fmt(_off(r.headline, r.alone), True)} | {_fmt(_off(r.bench_compare, r.alone), True)}"
-        lines.append(f"| {r.model} | {r.pick} | {h} | {b} | {_fmt(r.alone)} | {offs} |")
+        spread = r.spread()
+        lines.append(
+            f"| {r.model} | {r.pick} | {h} | {b} | {_fmt(r.alone)} | "
+            f"{'' if spread is None else f'{spread:.2f}'} | {r.agreement()} | {wall} |"
+        )
+        for what, text in (("headline", r.headline_modes), ("bench --compare", r.bench_modes),
+                           ("alone", r.alone_modes)):  # fmt: skip
+            if text:
+                notes.append(f"- {r.model}, {what}: {text}")
+    if notes:
+        lines += ["", "Sides at two speeds:", *notes]
     return "\n".join(lines)
 
 
@@ -282,9 +346,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", default=",".join(PAIRS), help="comma-separated pair kinds")
     parser.add_argument("--time", type=float, default=10.0, help="seconds per side-by-side comparison")
     parser.add_argument("--alone-time", type=float, default=1.0, help="seconds per alone measurement")
-    parser.add_argument("--alternations", type=int, default=7, help="alone alternations (at least 5)")
+    parser.add_argument("--alternations", type=int, default=5, help="alone alternations (at least 5)")
     parser.add_argument("--artifacts", action="store_true", help="check lto optimize's artifacts instead")
-    parser.add_argument("--time-budget", default="3m", help="lto optimize --time-budget (--artifacts)")
+    parser.add_argument(
+        "--time-budget", default="", help="lto optimize --time-budget (--artifacts; default: lto's default)"
+    )
+    parser.add_argument(
+        "--budget-only", action="store_true", help="--artifacts: time lto optimize only (its wall vs budget)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="report path without suffix")
     parser.add_argument("--alone", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -335,7 +404,8 @@ def _main_artifacts(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="lto-artifacts-") as tmp:
         for name in args.names or list(ENTRIES):
             started = time.monotonic()
-            print(f"{name}: lto optimize --time-budget {args.time_budget} ...", file=sys.stderr, flush=True)
+            budget = args.time_budget or "(default)"
+            print(f"{name}: lto optimize --time-budget {budget} ...", file=sys.stderr, flush=True)
             try:
                 row = check_artifact(name, args, Path(tmp))
             except Exception as exc:  # one model's failure is a row, not the end
@@ -344,7 +414,8 @@ def _main_artifacts(args: argparse.Namespace) -> int:
             rows.append(row)
             print(
                 f"  {row.pick}: headline {_fmt(row.headline)}  bench --compare {_fmt(row.bench_compare)}  "
-                f"alone {_fmt(row.alone)}  ({time.monotonic() - started:.0f} s) {row.error}",
+                f"alone {_fmt(row.alone)}  optimize {_fmt(row.wall_s)} s  "
+                f"({time.monotonic() - started:.0f} s) {row.error}",
                 file=sys.stderr, flush=True,
             )  # fmt: skip
     _write(artifact_table(rows), rows, args.out or ROOT / "reports" / "artifact-agreement")

@@ -22,7 +22,7 @@ from scipy.stats import spearmanr
 
 from corpus import scoring, synth
 from corpus.data import Feed, ort_session
-from corpus.fetch import Fetched, fetch_entry
+from corpus.fetch import CorpusError, Fetched, fetch_entry
 
 
 class MetricResult(NamedTuple):
@@ -49,6 +49,10 @@ class Entry:
     metric_fn: MetricFn = field(repr=False)
     side_files: Mapping[str, str] = field(default_factory=dict)  # path in the wheel -> sha256
     batch: int = 1  # leading dim of a sample; lto needs `--batch` too, or it re-batches --input-data to 1
+    # An image model's feed for one photo (corpus.photos), as its package preprocesses an image;
+    # None for models that do not take photos.
+    photo_feed: Callable[[Image.Image], Feed] | None = field(default=None, repr=False)
+    photo_size: int = 0
 
     def lto_args(self) -> list[str]:
         """`--shape` pins and `--batch` for `lto optimize/bench` on this entry's samples."""
@@ -64,6 +68,14 @@ class Entry:
     def make_inputs(self, n: int, seed: int) -> list[Feed]:
         """n realistic samples, deterministic for a seed; each a feed dict as the model is run."""
         return self.inputs_fn(self, n, seed)
+
+    def photo_inputs(self, n: int, seed: int) -> list[Feed]:
+        """n samples made of real photos (corpus.photos), for the models that take images."""
+        if self.photo_feed is None:
+            raise CorpusError(f"{self.name} does not take photos")
+        from corpus.photos import photos
+
+        return [self.photo_feed(img) for img in photos(n, seed, self.photo_size)]
 
     def metric(
         self, reference: Sequence[Feed], candidate: Sequence[Feed], inputs: Sequence[Feed]
@@ -177,14 +189,14 @@ def _minilm_metric(ref: Sequence[Feed], cand: Sequence[Feed], inputs: Sequence[F
 DET_SIZE = 640
 
 
+def _det_feed(img: Image.Image) -> Feed:
+    x = (_chw(img) / 255.0 - 0.5) / 0.5  # rapidocr DetPreProcess: mean 0.5, std 0.5, BGR
+    return {"x": x[None].astype(np.float32)}
+
+
 def _det_inputs(entry: Entry, n: int, seed: int) -> list[Feed]:
     rng = np.random.default_rng(seed)
-    samples = []
-    for _ in range(n):
-        page = synth.text_page(rng, DET_SIZE, DET_SIZE)
-        x = (_chw(page) / 255.0 - 0.5) / 0.5  # rapidocr DetPreProcess: mean 0.5, std 0.5, BGR
-        samples.append({"x": x[None].astype(np.float32)})
-    return samples
+    return [_det_feed(synth.text_page(rng, DET_SIZE, DET_SIZE)) for _ in range(n)]
 
 
 def _det_metric(ref: Sequence[Feed], cand: Sequence[Feed], inputs: Sequence[Feed]) -> MetricResult:
@@ -437,6 +449,8 @@ _ENTRIES = [
         metric_name="min IoU",
         inputs_fn=_det_inputs,
         metric_fn=_det_metric,
+        photo_feed=_det_feed,
+        photo_size=DET_SIZE,
     ),
     Entry(
         name="rapidocr-cls",

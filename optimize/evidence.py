@@ -329,7 +329,8 @@ def _mask(rows: np.ndarray, th: Thresholds | None) -> tuple[bool, str, str]:
     quiet = (
         f"on {len(empty)} of {len(rows)} rows (samples {_row_list(empty)}) the map has no region above "
         f"{level:g} (highest {float(highest[empty].max()):.3g}): these rows cannot tell whether a "
-        "candidate keeps its regions"
+        "candidate keeps its regions; rows on which it finds regions would (for a text detector, "
+        "pages with text)"
     )
     if live < MIN_MASK_ROWS:
         return False, quiet, needs

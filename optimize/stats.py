@@ -310,10 +310,20 @@ class PairedRatio:
 
     @property
     def ci95(self) -> tuple[float, float]:
+        """The figure's interval; where the two modes disagree on which side is faster, the span
+        of both modes' intervals: no claim of a difference a process draw could reverse."""
+        if len(self.modes) == 2:
+            low, high = self.modes
+            if low.ratio < 1.0 < high.ratio:
+                return min(low.ci95[0], high.ci95[0]), max(low.ci95[1], high.ci95[1])
         return self.figure.ci95
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"figure": self.figure.to_json(), "coverage": self.coverage}
+        out: dict[str, Any] = {
+            "figure": self.figure.to_json(),
+            "ratio_ci95": list(self.ci95),
+            "coverage": self.coverage,
+        }
         if self.modes:
             out["overall"] = self.overall.to_json()
             out["modes"] = [m.to_json() for m in self.modes]

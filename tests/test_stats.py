@@ -87,3 +87,16 @@ def test_a_few_outliers_are_not_a_mode() -> None:
     log_ratios = np.log(_noisy(rng, 0.5, 40))
     log_ratios[:2] += math.log(1.8)  # two blocks hit by a burst on one side: 5% of the pairs
     assert split_modes(log_ratios) is None
+
+
+def test_modes_that_disagree_on_the_faster_side_claim_no_difference() -> None:
+    rng = np.random.default_rng(9)
+    n = 30
+    baseline = _noisy(rng, 10.0, n)
+    # the same model in three process sets, one of which runs 25% slower for its whole life
+    candidate = np.where(np.arange(n) < 10, _noisy(rng, 11.5, n), _noisy(rng, 9.3, n))
+    paired = paired_ratio(baseline, candidate, groups=np.repeat([0, 1, 2], 10))
+    assert len(paired.modes) == 2
+    lo, hi = paired.ci95
+    assert lo < 1.0 < hi  # neither "faster" nor "slower" can be claimed
+    assert lo <= paired.ratio <= hi

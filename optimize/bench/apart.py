@@ -247,7 +247,7 @@ class ApartRun:
         paired = self.paired(i, j)
         if paired is not None:
             fig = paired.figure
-            ratio, (lo, hi) = fig.ratio, fig.ci95
+            ratio, (lo, hi) = fig.ratio, paired.ci95
             a_ms, b_ms = fig.a_ms, fig.b_ms
             sets = f" from {self.processes} sets of processes" if self.processes > 1 else ""
             method = (

@@ -16,6 +16,7 @@ from optimize.evidence import Evidence, is_lossy
 from optimize.pipeline.record import StageRecord, Status
 from optimize.pipeline.request import OptimizeRequest, stage_disabled_reason
 from optimize.recipes import Recipe, StageSpec
+from optimize.render.common import modes_sentence
 from optimize.stats import percentile_ci
 
 if TYPE_CHECKING:
@@ -222,43 +223,19 @@ def judge_candidate(
 
 def modes_of(comparison: Comparison, a_label: str, b_label: str) -> dict[str, Any] | None:
     """When a comparison's pair ratios fell in two groups (a side that runs at two speeds): both
-    groups' latencies and speedups, and a sentence that says which figure stands; else None."""
+    groups' figures and a sentence that says which figure stands; else None."""
     paired = comparison.paired
     if paired is None or not paired.modes:
         return None
-    low, high = paired.modes  # low: B faster relative to A
-    chosen = "low" if paired.figure is low else "high"
-    moved = {"A": a_label, "B": b_label}.get(paired.moved, "both sides")
-    if paired.moved in ("A", "B"):
-        side = "a_ms" if paired.moved == "A" else "b_ms"
-        speeds = (
-            f"{moved} ran at {getattr(low, side):.3g} ms in {low.pairs} block pairs and "
-            f"{getattr(high, side):.3g} ms in {high.pairs}"
-        )
-    else:
-        speeds = (
-            f"the two sides' ratio fell in two groups ({low.pairs} and {high.pairs} block pairs: "
-            f"{low.b_ms:.3g}/{low.a_ms:.3g} ms and {high.b_ms:.3g}/{high.a_ms:.3g} ms)"
-        )
-    sets = paired.overall.groups
-    if len(sets) > 1:
-        speeds += f" (process sets {_sets(low.groups)} and {_sets(high.groups)} of {len(sets)})"
-    speedups = sorted((1.0 / low.ratio, 1.0 / high.ratio))
-    sentence = (
-        f"{speeds}: {b_label} is {speedups[0]:.2f}x–{speedups[1]:.2f}x vs {a_label}; the figure is "
-        f"{1.0 / paired.figure.ratio:.2f}x, the one nearer no difference"
-    )
+    data = paired.to_json()
+    low, high = paired.modes
     return {
-        "moved": moved,
-        "modes": [m.to_json() for m in paired.modes],
-        "chosen": chosen,
-        "speedups": speedups,
-        "sentence": sentence,
+        "moved": {"A": a_label, "B": b_label}.get(paired.moved, "both sides"),
+        "modes": data["modes"],
+        "chosen": "low" if paired.figure is low else "high",
+        "speedups": sorted((1.0 / low.ratio, 1.0 / high.ratio)),
+        "sentence": modes_sentence(data, a_label, b_label),
     }
-
-
-def _sets(groups: Sequence[int]) -> str:
-    return ", ".join(str(g + 1) for g in groups)
 
 
 # A runner-up whose estimated speedup is within this fraction of the best's meets it directly.

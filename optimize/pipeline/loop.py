@@ -162,7 +162,8 @@ class Pipeline:
                     stage="baseline",
                     label="baseline",
                     status=Status.BASELINE,
-                    reason="original model, ONNX Runtime default settings, measured alone",
+                    reason="original model, ONNX Runtime default settings; measured alone at the start, "
+                    "for the search's target decisions (every speedup is measured side by side)",
                     latency_ms=self._latency(base_meas),
                     speedup=1.0,
                     baseline_ms=self._latency(base_meas)[self.metric],
@@ -511,8 +512,8 @@ class Pipeline:
                 "final comparison"
             )
             record.results += [
-                {**comparison.a.to_json(), "label": f"baseline (beside {best.label}, the artifact)"},
-                {**comparison.b.to_json(), "label": f"{best.label} (the artifact, beside the baseline)"},
+                {**comparison.a.to_json(), "label": "baseline (final comparison)"},
+                {**comparison.b.to_json(), "label": f"{best.label} (final comparison)"},
             ]
             value, (lo_v, hi_v) = art_ms, self._side_interval(comparison)
             record.log(final_line(best.label, self.metric, comparison, speedup, speedup_ci, row.modes))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -118,3 +118,66 @@ def pairs_word(comparison: Mapping[str, Any]) -> str:
     if comparison.get("process") == "own worker per side":
         return "block pairs, each side in its own process"
     return "interleaved chunks"
+
+
+def modes_sentence(paired: Mapping[str, Any], a_label: str, b_label: str) -> str:
+    """Where a comparison's pair ratios fell in two groups (optimize.stats.paired_ratio): which side
+    ran at two speeds, at what latencies, in how many block pairs and which process sets, the
+    speedup of B over A in each group, and which one the comparison's figure is ("" with one)."""
+    modes = paired.get("modes") or []
+    if len(modes) != 2:
+        return ""
+    low, high = modes  # low: B faster relative to A
+    moved = paired.get("moved")
+    if moved in ("A", "B"):
+        side, key = (a_label, "a_ms") if moved == "A" else (b_label, "b_ms")
+        speeds = (
+            f"{side} ran at {low[key]:.3g} ms in {low['pairs']} block pairs and {high[key]:.3g} ms "
+            f"in {high['pairs']}"
+        )
+    else:
+        speeds = (
+            f"the ratio fell in two groups of {low['pairs']} and {high['pairs']} block pairs "
+            f"({b_label} {low['b_ms']:.3g} and {high['b_ms']:.3g} ms, {a_label} {low['a_ms']:.3g} and "
+            f"{high['a_ms']:.3g} ms)"
+        )
+    sets = (paired.get("overall") or {}).get("process_sets") or []
+    if len(sets) > 1:
+        speeds += (
+            f" (process sets {_set_list(low['process_sets'])} and {_set_list(high['process_sets'])} "
+            f"of {len(sets)})"
+        )
+    fast, slow = 1.0 / low["ratio"], 1.0 / high["ratio"]
+    figure = 1.0 / paired["figure"]["ratio"]
+    return (
+        f"{speeds}: {b_label} is {min(fast, slow):.2f}x–{max(fast, slow):.2f}x vs {a_label}; "
+        f"the figure is {figure:.2f}x, the one nearer no difference"
+    )
+
+
+def _set_list(groups: Sequence[int]) -> str:
+    return ", ".join(str(int(g) + 1) for g in groups)
+
+
+def comparison_lines(comparison: Mapping[str, Any]) -> list[str]:
+    """A comparison in words (plain text): its ratio with the interval and what it was taken over,
+    both sides' latency in the same pairs, and the two speeds of a side that had them."""
+    lo, hi = comparison["ratio_ci95"]
+    ratio, metric = comparison["ratio"], comparison["metric"]
+    paired = comparison.get("paired")
+    if paired:
+        fig = paired["figure"]
+        sets = len((paired.get("overall") or fig).get("process_sets") or [0])
+        where = f"{sets} fresh pairs of processes" if sets > 1 else "one pair of processes"
+        over = f"the median of {fig['pairs']} block-pair ratios from {where}"
+    else:
+        over = f"{comparison['chunks']} {pairs_word(comparison)}"
+    lines = [f"{metric} ratio B/A = {ratio:.3f} (95% CI {lo:.3f}–{hi:.3f}; {over})"]
+    side_ms = comparison.get("latency_ms")
+    if side_ms:
+        lines.append(f"{metric} in this comparison: A {side_ms['A']:.3f} ms, B {side_ms['B']:.3f} ms")
+    if paired:
+        sentence = modes_sentence(paired, "A", "B")
+        if sentence:
+            lines.append(sentence)
+    return lines

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from optimize.render.common import gate_rows, pairs_word, unstable_inputs
+from optimize.render.common import comparison_lines, gate_rows, unstable_inputs
 from optimize.render.optimize_section import render_markdown_section
 
 # (section, whole report) -> Markdown. The report is passed because some sections need its
@@ -86,9 +86,10 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             "",
             "## Comparison (side by side)",
             "",
-            f"{comparison['metric']}({b}) / {comparison['metric']}({a}) = **{comparison['ratio']:.3f}** "
-            f"(95% CI {lo:.3f}–{hi:.3f}) over {comparison['chunks']} {pairs_word(comparison)}: "
-            + _verdict_words(lo, hi, a, b),
+            f"A is {a}, B is {b}.",
+            "",
+            *[f"- {line}" for line in comparison_lines(comparison)],
+            f"- {_verdict_words(lo, hi, a, b)}",
         ]
     if report.get("warnings"):
         lines += ["", "## Warnings", "", *[f"- {w}" for w in report["warnings"]]]

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from optimize.render.common import gate_rows, pairs_word
+from optimize.render.common import comparison_lines, gate_rows
 from optimize.render.optimize_section import accuracy_cell, table_rows
 from optimize.stats import tail_flags
 from optimize.units import clock_text
@@ -168,10 +168,10 @@ def render_measurements(report: dict[str, Any], console: Console) -> None:
             verdict = f"[red]{escape(b)} is slower[/] ({ratio:.2f}x the latency)"
         else:
             verdict = "no difference at 95% confidence"
-        console.print(
-            f"{comparison['metric']} ratio B/A = [bold]{ratio:.3f}[/] (95% CI {lo:.3f}–{hi:.3f}, "
-            f"{comparison['chunks']} {pairs_word(comparison)}): {verdict}"
-        )
+        first, *rest = comparison_lines(comparison)
+        console.print(f"{escape(first)}: {verdict}")
+        for line in rest:
+            console.print(escape(line), highlight=False)
 
 
 _PCT_NAMES = {"p90": "p90", "p99": "p99", "p999": "p99.9"}

@@ -58,7 +58,13 @@ def test_compare_reports_ratio_with_ci(tmp_path: Path) -> None:
     # Each side ran in a worker process of its own, and the report says how apart they were.
     assert comparison["process"] == "own worker per side"
     assert comparison["isolation"]["blocks_not_idle_after_wait"] >= 0
-    assert "block pairs, each side in its own process" in run_cli("report", tmp_path / "c.json").stdout
+    # One figure: the ratio and both sides' latency from the same block pairs, over fresh process sets.
+    assert comparison["paired"]["figure"]["ratio"] == comparison["ratio"]
+    a_ms, b_ms = comparison["latency_ms"]["A"], comparison["latency_ms"]["B"]
+    assert b_ms / a_ms == pytest.approx(comparison["ratio"], rel=0.1)
+    assert len(comparison["paired"]["figure"]["process_sets"]) >= 1
+    text = run_cli("report", tmp_path / "c.json").stdout
+    assert "block-pair ratios from 3 fresh pairs of processes" in text
 
 
 @pytest.mark.slow

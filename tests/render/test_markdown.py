@@ -151,7 +151,9 @@ def test_lto_report_renders_every_kind_as_markdown_with_its_numbers(
         )
     if kind == "compare":
         comparison = data["comparison"]
-        assert "## Comparison (side by side)" in text and f"**{comparison['ratio']:.3f}**" in text
+        assert "## Comparison (side by side)" in text and f"= {comparison['ratio']:.3f} (95% CI" in text
+        a_ms, b_ms = comparison["latency_ms"]["A"], comparison["latency_ms"]["B"]
+        assert f"A {a_ms:.3f} ms, B {b_ms:.3f} ms" in text
     elif kind == "optimize":
         section = data["optimize"]
         assert "## Optimization" in text
