@@ -414,7 +414,7 @@ def _main_artifacts(args: argparse.Namespace) -> int:
             rows.append(row)
             print(
                 f"  {row.pick}: headline {_fmt(row.headline)}  bench --compare {_fmt(row.bench_compare)}  "
-                f"alone {_fmt(row.alone)}  optimize {_fmt(row.wall_s)} s  "
+                f"alone {_fmt(row.alone)}  optimize {row.wall_s or 0:.0f} s  "
                 f"({time.monotonic() - started:.0f} s) {row.error}",
                 file=sys.stderr, flush=True,
             )  # fmt: skip

@@ -273,6 +273,18 @@ def _gpu_block(status: Any) -> dict[str, Any] | None:
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (the interpreter's start, imports included), from the
+    kernel's record of it; 0.0 where that cannot be read (not Linux)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started_ticks = int(fields[19])  # field 22 of stat: starttime, in clock ticks since boot
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def has_vnni(flags: set[str]) -> bool:
     """int8 dot-product instructions: without them u8*s8 products can saturate in 16 bits (x86)."""
     return bool(flags & set(VNNI_FLAGS))

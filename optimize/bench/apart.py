@@ -381,7 +381,12 @@ def compare_in_process_sets(
     which sets they came from."""
     compare_fn = compare_fn or compare_apart
     sets = max(1, sets)
-    share = replace(settings, max_time_s=max(1.0, settings.max_time_s / sets))
+    # The timing and the minimum of runs are shared: the sets together time as one comparison would.
+    share = replace(
+        settings,
+        max_time_s=max(1.0, settings.max_time_s / sets),
+        min_runs=max(1, math.ceil(settings.min_runs / sets)),
+    )
     pooled: ApartRun | None = None
     for index in range(sets):
         if status is not None:

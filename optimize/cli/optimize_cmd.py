@@ -20,6 +20,7 @@ from optimize.cli.common import (
     err_console,
     print_json,
 )
+from optimize.env import process_age_s
 from optimize.errors import UsageError
 from optimize.inputs import split_shape_args
 from optimize.pipeline import OptimizeRequest, optimize
@@ -280,6 +281,7 @@ def optimize_command(
         search_order=search_order,
         stop_at_target=stop_at_target,
         fail_on_unverified=fail_on_unverified,
+        started=time.monotonic() - process_age_s(),
         enable=[*enable, *(["tvm-tune"] if tvm else [])],
         tvm_options={
             key: value
@@ -371,7 +373,7 @@ class _RichProgress:
         self.show_rows = show_rows
         self.budget_s = budget_s
         self.every_s = every_s
-        self._started = time.monotonic()
+        self._started = time.monotonic() - process_age_s()  # the budget counts from the process start
         self._last_line = -1e9
         outer = self
 

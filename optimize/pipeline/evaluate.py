@@ -14,6 +14,7 @@ a kept candidate's worker is handed to the best so far.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -62,9 +63,15 @@ def open_candidate_worker(candidate: Candidate) -> Backend:
     return open_in_worker(candidate.backend, candidate.model_path, candidate.runtime_config)
 
 
-# Writing an artifact: copying its files (and hashing them) at about this rate, plus a fixed cost.
+# Writing an artifact: copying its files (and hashing them) at about this rate, plus a fixed cost
+# (the report, its plots, the process's exit).
 _WRITE_BYTES_PER_S = 100e6
-_WRITE_FIXED_S = 0.5
+_WRITE_FIXED_S = 1.0
+
+
+MIN_ROUNDS = 4  # compare_apart's least rounds before it stops
+MIN_COMPARISON_S = 1.0  # a comparison times at least this long, whatever budget is left
+_SETTLE_S = 0.02  # a typical wait for the other worker to go idle before a block
 
 
 def artifact_write_s(*paths: Path | str) -> float:
@@ -139,6 +146,9 @@ class Evaluator:
         self.measure_fn = measure_fn or measure_where_it_runs
         self.compare_fn = compare_fn or compare_apart
         self._open_worker = open_worker_fn or open_candidate_worker
+        # Seconds of the --time-budget left for the search (None: no budget); the pipeline sets it.
+        self.time_left: Callable[[], float | None] = lambda: None
+        self.evaluated_s: list[float] = []  # how long each evaluate() took
         # Seconds each candidate's worker took to start (the model loaded and compiled), by label:
         # what the final comparison's fresh processes will cost (end_cost_s).
         self.open_s: dict[str, float] = {}
@@ -159,14 +169,21 @@ class Evaluator:
 
     def end_cost_s(self, best: Candidate) -> float:
         """What the end of a run will take with `best` as the artifact: the final comparison
-        (its timing, its PROCESS_SETS fresh pairs of workers, their warm-up) and the artifact's
-        write. Estimated from this run's own worker starts and latencies."""
+        (its timing, at least the rounds and runs each set needs, its PROCESS_SETS fresh pairs of
+        workers and their warm-up) and the artifact's write. Estimated from this run's own worker
+        starts and the baseline's latency."""
         if best is self.original or best.label == self.original.label:
             return artifact_write_s(self.original.model_path)
+        run_s = self.baseline_ms / 1000.0
         starts = self.open_s.get(self.original.label, 0.0) + self.open_s.get(best.label, 0.0)
-        warmup_s = self.settings.warmup * 2.0 * self.baseline_ms / 1000.0
+        warmup_s = self.settings.warmup * 2.0 * run_s
+        # compare_apart's least per set: 4 rounds of a block per side, and min_runs shared out
+        round_s = 2.0 * (max(self.settings.block_s, run_s) + _SETTLE_S)
+        least_s = PROCESS_SETS * max(
+            MIN_ROUNDS * round_s, 2.0 * math.ceil(self.settings.min_runs / PROCESS_SETS) * run_s
+        )
         return (
-            self.settings.max_time_s
+            max(self.settings.max_time_s, least_s)
             + PROCESS_SETS * (starts + warmup_s)
             + artifact_write_s(best.model_path, *best.extra_files)
         )
@@ -260,7 +277,31 @@ class Evaluator:
     def evaluate(self, stage: str, cand: Candidate) -> tuple[StageRecord, Backend | None, AccuracyResult]:
         """Check `cand`, then time it against the best so far and the baseline, twice when it
         wins. Returns its record, its worker when it is kept (the caller then owns it), and its
-        accuracy."""
+        accuracy. How long it took is kept (evaluation_s)."""
+        start = time.monotonic()
+        try:
+            return self._evaluate(stage, cand)
+        finally:
+            self.evaluated_s.append(time.monotonic() - start)
+
+    def evaluation_s(self) -> float:
+        """About how long checking and timing one candidate takes here: the median of this run's
+        evaluations so far, else an estimate from the baseline (a comparison's timing, a worker's
+        start, the accuracy rows run twice)."""
+        if self.evaluated_s:
+            return float(sorted(self.evaluated_s)[len(self.evaluated_s) // 2])
+        run_s = self.baseline_ms / 1000.0
+        check_s = 2.0 * len(self.baseline.samples) * run_s
+        return self.settings.max_time_s + 2.0 * self.open_s.get(self.original.label, 0.0) + check_s
+
+    def _search_settings(self) -> BenchSettings:
+        """The recipe's bench settings, a comparison's timing capped by the --time-budget left."""
+        left = self.time_left()
+        if left is None or left >= self.settings.max_time_s:
+            return self.settings
+        return replace(self.settings, max_time_s=max(MIN_COMPARISON_S, left))
+
+    def _evaluate(self, stage: str, cand: Candidate) -> tuple[StageRecord, Backend | None, AccuracyResult]:
         record = StageRecord(
             stage=stage,
             label=cand.label,
@@ -363,7 +404,7 @@ class Evaluator:
             labels.append(cand.label)
             cand_i = len(sides) - 1
             run = self.compare_fn(
-                sides, [self.baseline.feeds] * len(sides), self.settings, labels, self.metric,
+                sides, [self.baseline.feeds] * len(sides), self._search_settings(), labels, self.metric,
                 self._bench_progress(f"{cand.label} vs {best.candidate.label}"),
                 give_up=self._cannot_win(cand_i - 1, cand_i),
             )  # fmt: skip

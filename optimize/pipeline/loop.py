@@ -95,6 +95,7 @@ class Pipeline:
         self.metric = request.target_percentile
         out_dir = Path(request.out_dir) if request.out_dir else default_out_dir(request.model_path)
         self.record = RunRecord(
+            started=request.started if request.started is not None else time.monotonic(),
             request=request,
             recipe=recipe,
             model_kind=model_kind,
@@ -152,6 +153,7 @@ class Pipeline:
             open_worker_fn=self.open_worker_fn,
         )  # fmt: skip
         self._evaluator = evaluator
+        evaluator.time_left = self._time_left
         record.log(order.plan_line(self.plan, self.record.model_kind, self.cpu))
         with evaluator:
             base_meas = evaluator.start_baseline()
@@ -253,6 +255,9 @@ class Pipeline:
         left = self._time_left()
         if left is not None and left <= 0:
             return "the --time-budget was used up before it could be measured"
+        short = self._too_little_time()
+        if short:
+            return short
         share_deadline = ctx.deadline if self._deadline is not None else None
         if judge.share_used_up(share_deadline, time.monotonic(), produced - 1):
             return "the stage's share of the --time-budget was used up before it could be measured"
@@ -295,7 +300,7 @@ class Pipeline:
         by_label = {cand.label: spec for spec, cand, _ in runners_up}
         for cand in close:
             left = self._time_left()
-            if left is not None and left <= 0:
+            if (left is not None and left <= 0) or self._too_little_time():
                 break
             self.record.log(f"runoff: {cand.label} against {best.candidate.label}, side by side")
             self._evaluate_and_adopt(evaluator, by_label[cand.label], cand, time.monotonic())
@@ -328,6 +333,21 @@ class Pipeline:
         reserve = self._evaluator.end_cost_s(self._evaluator.best.candidate) if self._evaluator else 0.0
         return self._deadline - time.monotonic() - reserve
 
+    def _too_little_time(self) -> str:
+        """Why what is left of the --time-budget cannot fit one more candidate ("" when it can):
+        checking and timing one takes about evaluation_s here, and a measurement once begun runs
+        its least rounds whatever the budget."""
+        left = self._time_left()
+        if left is None or self._evaluator is None:
+            return ""
+        needed = self._evaluator.evaluation_s()
+        if left >= needed:
+            return ""
+        return (
+            f"the --time-budget left for the search ({max(left, 0.0):.0f} s) is less than checking "
+            f"and timing a candidate takes here (about {needed:.0f} s)"
+        )
+
     def _final_time_s(self) -> float | None:
         """The final comparison's timing budget: the recipe's, or what is left of the --time-budget
         once its processes' start and the artifact's write are counted, whichever is less."""
@@ -342,7 +362,7 @@ class Pipeline:
         return float(self._latency(self.best_alone)[self.metric])
 
     def _pre_skip_reason(self, spec: StageSpec, stop_reason: str) -> str:
-        return judge.pre_skip_reason(
+        reason = judge.pre_skip_reason(
             spec,
             self.request,
             self.recipe,
@@ -350,6 +370,9 @@ class Pipeline:
             best_latency_ms=self._best_ms(),
             time_left_s=self._time_left(),
         )
+        if reason or not spec.enabled:
+            return reason
+        return self._too_little_time()
 
     def _load_stage(self, name: str) -> Stage | StageSkipped:
         """The stage registered as `name`, loaded once (or why it cannot load)."""

@@ -74,6 +74,9 @@ class OptimizeRequest:
     # Exit 4 whenever a faster candidate was left out unverified (else only when a target is given
     # and only an unverified candidate would meet it).
     fail_on_unverified: bool = False
+    # When the command began (time.monotonic()): the --time-budget counts from there, the process's
+    # own start and imports included (None: from when the run starts).
+    started: float | None = None
     enable: list[str] = field(default_factory=list)
     disable: list[str] = field(default_factory=list)
     seed: int = 0
