@@ -168,11 +168,13 @@ def _worst_slices(
 
 
 def slice_figures(
-    refs: Sequence[np.ndarray], gots: Sequence[np.ndarray], batch_axis: int | None
+    refs: Sequence[np.ndarray], gots: Sequence[np.ndarray], batch_axis: int | None, spatial: bool = False
 ) -> dict[str, Any] | None:
     """The worst slice of one float output over all samples: along each axis of length 2..256
     other than the batch axis, every slice's cosine and max_rel; None when no axis qualifies or a
     sample holds NaN/inf (the whole-output figures judge those).
+
+    `spatial`: the last two axes are a picture's height and width (a probability map): not sliced.
 
     Returns {"cosine": {axis, index, length, value, sample, pooled}, "max_rel": {...}, "slices"}.
     """
@@ -184,7 +186,7 @@ def slice_figures(
     checked = 0
     for axis in range(ndim):
         length = refs[0].shape[axis]
-        if axis == batch_axis or not 2 <= length <= SLICE_MAX_LEN:
+        if axis == batch_axis or not 2 <= length <= SLICE_MAX_LEN or (spatial and axis >= ndim - 2):
             continue
         others = tuple(a for a in range(ndim) if a != axis)
         pooled = refs[0].size // length < SLICE_MIN_ELEMENTS
@@ -258,11 +260,13 @@ def _span(refs: Sequence[np.ndarray]) -> float:
 
 
 def within_float_tolerance(
-    refs: Sequence[np.ndarray], gots: Sequence[np.ndarray], batch_axis: int | None
+    refs: Sequence[np.ndarray], gots: Sequence[np.ndarray], batch_axis: int | None, spatial: bool = False
 ) -> bool:
     """Whether the candidate's error is within FP32_TOLERANCE of the output's range over all the
     rows, and of each live slice's range along every short axis (a class-score field next to box
-    coordinates in pixels has its own scale). NaN/inf must match exactly."""
+    coordinates in pixels has its own scale). `spatial`: the last two axes are a picture's height
+    and width (a probability map), whose rows and columns are not fields with scales of their own.
+    NaN/inf must match exactly."""
     span = _span(refs)
     for ref, got in zip(refs, gots, strict=True):
         if not np.array_equal(np.isfinite(ref), np.isfinite(got)):
@@ -277,7 +281,7 @@ def within_float_tolerance(
         return True  # slices of non-finite outputs: the whole-output test above decides
     for axis in range(ndim):
         length = refs[0].shape[axis]
-        if axis == batch_axis or not 2 <= length <= SLICE_MAX_LEN:
+        if axis == batch_axis or not 2 <= length <= SLICE_MAX_LEN or (spatial and axis >= ndim - 2):
             continue
         others = tuple(a for a in range(ndim) if a != axis)
         lo = np.min([np.min(r, axis=others) for r in refs], axis=0).astype(np.float64)
@@ -470,8 +474,10 @@ def compare_outputs(
         worst.update({"metric": choice.metric, "metric_why": choice.why, "metric_source": choice.source})
         if choice.metric != "exact" and "nonfinite" not in worst:
             refs_n, gots_n = [p[0] for p in pairs], [p[1] for p in pairs]
-            worst["fp32_tolerance"] = within_float_tolerance(refs_n, gots_n, choice.batch_axis)
-            sliced = slice_figures(refs_n, gots_n, choice.batch_axis)
+            worst["fp32_tolerance"] = within_float_tolerance(
+                refs_n, gots_n, choice.batch_axis, spatial=choice.metric == "mask"
+            )
+            sliced = slice_figures(refs_n, gots_n, choice.batch_axis, spatial=choice.metric == "mask")
             if sliced is not None:
                 worst["slice"] = sliced["cosine"]
                 worst["slice_rel"] = sliced["max_rel"]

@@ -228,7 +228,7 @@ MODE_MIN_SHARE = 0.15
 # between them is wider than twice the spread inside either...
 MODE_MIN_FACTOR = 1.15
 _MODE_GAP_SPREADS = 2.0
-_MODE_GAP_SHARE = 0.5  # ... and at least this share of the distance between their medians
+_MODE_GAP_SHARE = 0.3  # ... and at least this share of the distance between their medians
 _MODE_MIN_SPREAD = 0.01  # log units: a group of near-identical ratios still has this much spread
 
 

@@ -424,3 +424,75 @@ def test_user_metric_that_breaks_at_run_time_is_a_metric_error(
         check(ref, ref, Thresholds(), user_metric=metric, inputs=[{}])
     assert needle in info.value.one_line() and "metric.py:score" in info.value.one_line()
     assert ref[0]["y"][0, 0] == 1.0  # the reference is never changed by the user's code
+
+
+# --- outputs that carry no signal: probability maps, near-zero samples, fp32 within tolerance ------
+
+
+def _text_map(rng: np.random.Generator, regions: bool) -> np.ndarray:
+    """A DBNet-like [1, 1, 64, 64] probability map: ~0 everywhere, with text-like blocks or not."""
+    prob = np.abs(rng.normal(0.0, 1e-4, (1, 1, 64, 64)))
+    if regions:
+        for _ in range(3):
+            y, x = rng.integers(0, 48, 2)
+            prob[0, 0, y : y + 8, x : x + 14] = rng.uniform(0.6, 0.99)
+    return prob.astype(np.float32)
+
+
+def test_a_probability_map_is_judged_by_its_regions() -> None:
+    from optimize.accuracy import check, choose_metrics
+
+    rng = np.random.default_rng(0)
+    maps = [{"map": _text_map(rng, regions=i % 2 == 0)} for i in range(8)]
+    choices = choose_metrics(maps)
+    assert choices["map"].metric == "mask"
+    # A candidate that loses one text block on one row fails on its regions, whatever its cosine.
+    broken = [dict(m) for m in maps]
+    lost = broken[0]["map"].copy()
+    lost[lost > 0.5] = 0.0
+    broken[0] = {"map": lost}
+    result = check(maps, broken, Thresholds(), choices=choices)
+    assert not result.ok and "mask IoU 0.000 < 0.95" in result.reason
+    # Rows where neither side has a region carry no signal and are counted, not scored as 1.0.
+    figures = result.per_output["map"]
+    assert figures["mask_empty"]["maps"] >= 4
+
+
+def test_fp32_noise_on_a_near_zero_map_is_never_inaccurate() -> None:
+    """The DBNet of the issue: photos without text, a map ~1e-4 everywhere on most rows, an fp32
+    candidate off by 2e-5 (cosine 0.97 on such a row) was rejected."""
+    from optimize.accuracy import check, choose_metrics
+
+    rng = np.random.default_rng(1)
+    maps = [{"map": _text_map(rng, regions=i < 2)} for i in range(8)]
+    noisy = [{"map": (m["map"] + rng.uniform(-2.3e-5, 2.3e-5, m["map"].shape)).astype(np.float32)}
+             for m in maps]  # fmt: skip
+    choices = choose_metrics(maps)
+    result = check(maps, noisy, Thresholds(), choices=choices, fp32=True)
+    assert result.ok, result.reason
+    fig = result.per_output["map"]
+    assert fig["fp32_tolerance"] and set(fig["no_signal_samples"]) == set(range(2, 8))
+    # The same noise is judged on the rows' signal, not on near-zero rows' cosine, for bf16 too.
+    assert check(maps, noisy, Thresholds(), choices=choices).ok
+    # fp32 is not a licence: an error well beyond float tolerance is still judged.
+    wrong = [{"map": np.where(m["map"] > 0.5, 0.2, m["map"]).astype(np.float32)} for m in maps]
+    assert not check(maps, wrong, Thresholds(), choices=choices, fp32=True).ok
+
+
+def test_fp32_tolerance_holds_each_slice_to_its_own_scale() -> None:
+    """Box coordinates in pixels beside 0..1 class scores: an error of 1e-3 is nothing for the boxes
+    and a real change for the scores; the output's range alone would let it through."""
+    from optimize.accuracy import check
+
+    rng = np.random.default_rng(2)
+    heads = []
+    for _ in range(8):
+        head = np.zeros((1, 50, 6), dtype=np.float32)
+        head[..., :4] = rng.uniform(0, 640, (1, 50, 4))
+        head[..., 4:] = rng.uniform(0, 1, (1, 50, 2))
+        heads.append({"y": head})
+    scores_off = [{"y": h["y"] + np.array([0, 0, 0, 0, 0, 0.05], dtype=np.float32)} for h in heads]
+    boxes_off = [{"y": h["y"] + np.array([0.01, 0, 0, 0, 0, 0], dtype=np.float32)} for h in heads]
+    loose = Thresholds(min_cosine=0.9999999, min_task_cosine=0.9999999)
+    assert check(heads, boxes_off, loose, fp32=True).ok  # 0.01 px: within 1e-4 of the box range
+    assert not check(heads, scores_off, loose, fp32=True).ok  # 0.05 of a [0, 1] score is not

@@ -181,3 +181,24 @@ def test_a_lossy_candidate_on_rows_that_can_tell_is_judged_as_usual() -> None:
     assert judge.weigh_evidence(_check(ref, ref), "int8", evidence).unverified == ""
     wrong = np.roll(ref, 1, axis=1)
     assert not judge.weigh_evidence(_check(ref, wrong), "int8", evidence).ok
+
+
+def test_a_map_without_regions_on_most_rows_names_them_and_says_what_would_tell() -> None:
+    from optimize.task_metrics import MetricChoice as Choice
+
+    rng = np.random.default_rng(3)
+    mask = Choice("mask", "test")
+    rows = []
+    for i in range(12):
+        prob = np.abs(rng.normal(0, 1e-4, (1, 1, 32, 32))).astype(np.float32)
+        if i in (0, 5, 9):
+            prob[0, 0, 4:12, 4:20] = 0.9
+        rows.append(prob)
+    test = output_evidence("map", rows, mask, Thresholds())
+    assert not test.can_tell  # 3 rows with regions: too few to tell whether a candidate keeps them
+    assert "on 9 of 12 rows" in test.finding and "samples 1, 2, 3, 4, 6, 7, 8, 10 and 1 more" in test.finding
+    assert "pages with text" in test.needs
+    rows[3][0, 0, 10:20, 10:30] = 0.8
+    told = output_evidence("map", rows, mask, Thresholds())
+    assert told.can_tell and "regions above 0.3 on 4 of 12 rows" in told.finding
+    assert "on 8 of 12 rows" in told.finding  # the quiet rows are still named

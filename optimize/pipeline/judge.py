@@ -167,7 +167,7 @@ def final_exit(
 
 def search_done(spec: StageSpec, target_ms: float | None, best_ms: float) -> bool:
     """Whether a stage that runs only above the target should stop asking for candidates: the
-    best, measured alone, now meets it (the same figure the final verdict reads)."""
+    best, measured alone, now meets it."""
     return spec.run_when == "above-target" and target_ms is not None and best_ms <= target_ms
 
 
@@ -268,7 +268,8 @@ def original_wins_final(comparison: Comparison) -> bool:
 
 
 def target_verdict(value_ms: float, target_ms: float | None, metric: str) -> tuple[str, int, bool | None]:
-    """(verdict line, exit code, met) for the artifact's latency measured alone."""
+    """(verdict line, exit code, met) for the artifact's latency (its figure in the final
+    comparison; the baseline's own measurement when the original ships)."""
     if target_ms is None:
         return "no target given", EXIT_TARGET_MET, None
     if value_ms <= target_ms:

@@ -177,9 +177,9 @@ class Pipeline:
                     elapsed_s=time.monotonic() - t0,
                 )
             )
-            # Target decisions (skipping a stage, stopping a search, --stop-at-target, the final
-            # verdict) all read one figure: the best candidate measured alone, as the user's
-            # process runs it. Interleaved comparisons inflate both sides' latency on few cores.
+            # The search's target decisions (skipping a stage, stopping a search, --stop-at-target)
+            # read the best candidate measured alone, as the user's process runs it; the final
+            # verdict reads the artifact's figure in its final comparison (what the table shows).
             self.best_alone = base_meas
             self._stages(evaluator, baseline, workdir)
         return self._finish(evaluator, baseline, base_meas)

@@ -121,37 +121,27 @@ def pairs_word(comparison: Mapping[str, Any]) -> str:
 
 
 def modes_sentence(paired: Mapping[str, Any], a_label: str, b_label: str) -> str:
-    """Where a comparison's pair ratios fell in two groups (optimize.stats.paired_ratio): which side
-    ran at two speeds, at what latencies, in how many block pairs and which process sets, the
-    speedup of B over A in each group, and which one the comparison's figure is ("" with one)."""
+    """Where a comparison's pair ratios fell in two groups (optimize.stats.paired_ratio): each
+    group's block pairs, process sets, both sides' latency and the speedup of B over A, which
+    side changed speed, and which group the comparison's figure is ("" with one group)."""
     modes = paired.get("modes") or []
     if len(modes) != 2:
         return ""
-    low, high = modes  # low: B faster relative to A
-    moved = paired.get("moved")
-    if moved in ("A", "B"):
-        side, key = (a_label, "a_ms") if moved == "A" else (b_label, "b_ms")
-        speeds = (
-            f"{side} ran at {low[key]:.3g} ms in {low['pairs']} block pairs and {high[key]:.3g} ms "
-            f"in {high['pairs']}"
-        )
-    else:
-        speeds = (
-            f"the ratio fell in two groups of {low['pairs']} and {high['pairs']} block pairs "
-            f"({b_label} {low['b_ms']:.3g} and {high['b_ms']:.3g} ms, {a_label} {low['a_ms']:.3g} and "
-            f"{high['a_ms']:.3g} ms)"
-        )
     sets = (paired.get("overall") or {}).get("process_sets") or []
-    if len(sets) > 1:
-        speeds += (
-            f" (process sets {_set_list(low['process_sets'])} and {_set_list(high['process_sets'])} "
-            f"of {len(sets)})"
+
+    def group(mode: Mapping[str, Any]) -> str:
+        where = f" (process sets {_set_list(mode['process_sets'])} of {len(sets)})" if len(sets) > 1 else ""
+        return (
+            f"in {mode['pairs']} block pairs{where} {a_label} {mode['a_ms']:.3g} ms and {b_label} "
+            f"{mode['b_ms']:.3g} ms ({1.0 / mode['ratio']:.2f}x)"
         )
-    fast, slow = 1.0 / low["ratio"], 1.0 / high["ratio"]
+
+    moved = {"A": a_label, "B": b_label}.get(str(paired.get("moved")), "both sides")
     figure = 1.0 / paired["figure"]["ratio"]
+    first, other = sorted(modes, key=lambda m: abs(m["ratio"] - paired["figure"]["ratio"]))
     return (
-        f"{speeds}: {b_label} is {min(fast, slow):.2f}x–{max(fast, slow):.2f}x vs {a_label}; "
-        f"the figure is {figure:.2f}x, the one nearer no difference"
+        f"two speeds ({moved} changed): {group(first)}; {group(other)}; the figure is "
+        f"{figure:.2f}x, the first, the one nearer no difference"
     )
 
 

@@ -60,3 +60,27 @@ def test_bad_units_and_removed_short_flags_are_usage_errors(tmp_path: Path) -> N
     # `lto gate` spells --baseline and --candidate out: -b is --batch and -c --concurrency elsewhere.
     proc = run_cli("gate", "-b", model, "-c", model, "--rerun")
     assert proc.returncode == 2 and "No such option" in proc.stderr
+
+
+def test_optimize_passes_fail_on_unverified_and_its_start_to_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from optimize.cli import optimize_cmd
+
+    model = make_matmul_model(tmp_path / "tiny.onnx", features=16, out=4)
+    seen: list[object] = []
+
+    def fake_optimize(request: object, **_: object) -> None:
+        seen.append(request)
+        raise typer.Exit(7)
+
+    monkeypatch.setattr(optimize_cmd, "optimize", fake_optimize)
+    before = time.monotonic()
+    assert run_cli("optimize", model, "--fail-on-unverified", "-o", tmp_path / "a").returncode == 7
+    assert run_cli("optimize", model, "-o", tmp_path / "b").returncode == 7
+    asked, default = seen
+    assert asked.fail_on_unverified is True and default.fail_on_unverified is False  # type: ignore[attr-defined]
+    # The --time-budget counts from the process's start, imports included: before the command ran.
+    assert asked.started is not None and asked.started <= before  # type: ignore[attr-defined]

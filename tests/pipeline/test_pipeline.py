@@ -858,3 +858,37 @@ def test_the_original_ships_when_the_artifact_measures_slower_even_without_confi
     a, b = bench._measurement("a", 1), bench._measurement("a", 2)
     assert judge.original_wins_final(Comparison(a, b, "p50", 1.05, (0.9, 1.2), 8))  # slower, CI holds 1
     assert not judge.original_wins_final(Comparison(a, b, "p50", 0.95, (0.8, 1.1), 8))
+
+
+class TwoSpeedBaseline(FakeBench):
+    """The baseline runs at 1 ms in most blocks and at 2 ms in every third one (ONNX Runtime's
+    default pool on some models); the other sides run at one speed."""
+
+    def compare(self, sides: list[Any], feeds: Any, settings: Any, labels: list[str], metric: str = "p50",
+                *a: Any, **kw: Any) -> ApartRun:  # fmt: skip
+        run = super().compare(sides, feeds, settings, labels, metric, *a, **kw)
+        base = np.asarray(run.samples[0]).reshape(run.rounds, self.BLOCK)
+        base[2::3] *= 2.0
+        run.samples[0] = list(base.ravel())
+        return run
+
+
+def test_a_baseline_at_two_speeds_is_named_and_every_figure_is_against_its_fast_mode(tmp_path: Path) -> None:
+    stages: dict[str, Any] = {"fake-fast": FakeStage(model_candidate("fake-fast", extra_work=2))}
+    bench = TwoSpeedBaseline({"baseline": 1.0, "fake-fast": 0.5})
+    result, _ = run_fake(tmp_path, stages, {"fake-fast": 0.5}, bench=bench)
+    rows = by_label(result)
+    section = result.report["optimize"]
+    # The headline is the speedup a user can count on (against the baseline's fast mode: 2x), not
+    # the 4x of its slow blocks, and it lies inside its own interval.
+    assert section["speedup"] == pytest.approx(2.0, rel=0.05)
+    lo, hi = section["speedup_ci95"]
+    assert lo <= section["speedup"] <= hi
+    artifact = rows["fake-fast"]
+    assert artifact.modes is not None and artifact.modes["moved"] == "ONNX Runtime defaults"
+    assert sorted(round(x) for x in artifact.modes["speedups"]) == [2, 4]
+    assert "two speeds (ONNX Runtime defaults changed)" in artifact.modes["sentence"]
+    # The row's two latencies divide into its speedup: the fast mode's baseline, not a mixture.
+    assert artifact.baseline_ms / artifact.latency_ms["p50"] == pytest.approx(artifact.speedup, rel=0.05)
+    assert rows["baseline"].latency_ms["p50"] == pytest.approx(artifact.baseline_ms)
+    assert any("two speeds" in line for line in section["log"] if line.startswith("final:"))

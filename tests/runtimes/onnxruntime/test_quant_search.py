@@ -123,3 +123,13 @@ def test_back_off_groups_and_costs() -> None:
     assert attention_projections(model, names) == ["q0", "q1"]
     costs = node_costs(model, names)
     assert costs["up0"] == 4 * 384 * 1536 and costs["head"] == 4 * 384 * 2
+
+
+def test_a_point_is_expected_to_cost_what_its_calibration_costs_against_those_already_run() -> None:
+    from optimize.runtimes.onnxruntime.quantize import CALIBRATION_COST, expected_point_s
+
+    assert expected_point_s("entropy", {}) is None  # nothing ran yet: the first point always runs
+    assert expected_point_s("minmax", {"minmax": 3.0}) == 3.0
+    entropy = expected_point_s("entropy", {"minmax": 3.0, "percentile": 4.0})
+    assert entropy == 3.0 * CALIBRATION_COST["entropy"]  # scaled from the cheapest method seen
+    assert expected_point_s("entropy", {"entropy": 40.0, "minmax": 3.0}) == 40.0  # its own, once seen
