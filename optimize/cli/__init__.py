@@ -9,7 +9,7 @@ import sys
 import typer
 
 from optimize import interrupts
-from optimize.cli.common import err_console, reset_consoles
+from optimize.cli.common import err_console, mark_command_start, reset_consoles
 from optimize.errors import LtoError, first_line
 from optimize.version import __version__
 
@@ -64,6 +64,7 @@ for _name in COMMAND_MODULES:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every failure becomes one line on stderr and an exit code."""
 
+    mark_command_start()
     reset_consoles()
     interrupts.install_handlers()
     try:

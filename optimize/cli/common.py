@@ -4,16 +4,36 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
 
+from optimize.env import process_age_s
 from optimize.errors import UsageError
 from optimize.files import _json_default
 
 console = Console()
 err_console = Console(stderr=True)
+
+# A process that is older than this when main() starts did not start for this command: a test or a
+# program that calls main() itself. Its command's clock then starts at the call.
+_FRESH_PROCESS_S = 10.0
+_command_started = time.monotonic()
+
+
+def mark_command_start() -> None:
+    """When this command began (main() calls it first): the process's own start when it started
+    for the command, so that a --time-budget counts the interpreter and imports too."""
+    global _command_started
+    age = process_age_s()
+    _command_started = time.monotonic() - (age if age < _FRESH_PROCESS_S else 0.0)
+
+
+def command_started() -> float:
+    """time.monotonic() at this command's start (see mark_command_start)."""
+    return _command_started
 
 
 def reset_consoles() -> None:

@@ -16,11 +16,11 @@ from optimize.cli.common import (
     SHAPE_HELP,
     InputDataOption,
     JsonOption,
+    command_started,
     console,
     err_console,
     print_json,
 )
-from optimize.env import process_age_s
 from optimize.errors import UsageError
 from optimize.inputs import split_shape_args
 from optimize.pipeline import OptimizeRequest, optimize
@@ -281,7 +281,7 @@ def optimize_command(
         search_order=search_order,
         stop_at_target=stop_at_target,
         fail_on_unverified=fail_on_unverified,
-        started=time.monotonic() - process_age_s(),
+        started=command_started(),
         enable=[*enable, *(["tvm-tune"] if tvm else [])],
         tvm_options={
             key: value
@@ -373,7 +373,7 @@ class _RichProgress:
         self.show_rows = show_rows
         self.budget_s = budget_s
         self.every_s = every_s
-        self._started = time.monotonic() - process_age_s()  # the budget counts from the process start
+        self._started = command_started()  # the budget counts from the command's start
         self._last_line = -1e9
         outer = self
 
