@@ -222,8 +222,11 @@ def tail_flags(runs: int) -> dict[str, int]:
 # are reported apart and the figure is the group nearest "no difference": the one a user can count
 # on, never the lucky draw.
 
-# A group of pair ratios is a mode only with at least this share of the pairs (and 2 pairs).
+# A group of pair ratios is a mode only with at least this share of the pairs and MODE_MIN_GROUP
+# pairs, out of at least MODE_MIN_PAIRS: fewer cannot tell two speeds from a few unlucky blocks.
 MODE_MIN_SHARE = 0.15
+MODE_MIN_GROUP = 3
+MODE_MIN_PAIRS = 10
 # Two groups are two modes only when their medians differ by at least this factor and the gap
 # between them is wider than twice the spread inside either...
 MODE_MIN_FACTOR = 1.15
@@ -272,7 +275,7 @@ class RatioFigure:
     ratio: float  # the median of the per-pair ratios
     ci95: tuple[float, float]  # the median's distribution-free interval over the same pairs
     pairs: int
-    a_ms: float  # median of A's per-block metric over the same pairs
+    a_ms: float  # A's latency in these pairs (their typical level split by the ratio; see _figure)
     b_ms: float
     groups: tuple[int, ...] = ()  # the process sets these pairs came from
     a_ci95: tuple[float, float] = (math.nan, math.nan)  # the medians' intervals, as the ratio's
@@ -310,11 +313,12 @@ class PairedRatio:
 
     @property
     def ci95(self) -> tuple[float, float]:
-        """The figure's interval; where the two modes disagree on which side is faster, the span
-        of both modes' intervals: no claim of a difference a process draw could reverse."""
+        """The figure's interval; the span of both modes' intervals where the two disagree on
+        which side is faster (no claim of a difference a process draw could reverse), or where the
+        figure's mode has too few pairs for a 95% interval of its own."""
         if len(self.modes) == 2:
             low, high = self.modes
-            if low.ratio < 1.0 < high.ratio:
+            if low.ratio < 1.0 < high.ratio or median_interval_coverage(self.figure.pairs) < 0.95:
                 return min(low.ci95[0], high.ci95[0]), max(low.ci95[1], high.ci95[1])
         return self.figure.ci95
 
@@ -334,12 +338,19 @@ class PairedRatio:
 def _figure(
     ratios: np.ndarray, a: np.ndarray, b: np.ndarray, groups: np.ndarray, idx: np.ndarray
 ) -> RatioFigure:
+    """The figure over the pairs `idx`. Each side's latency is the pairs' typical level (the
+    median of each pair's geometric mean) split by the figure's ratio: the two divide into the
+    ratio exactly, and on pairs that agree they are each side's median block. Medians taken per
+    side would not divide into it: on pairs from processes or moments at different speeds, each
+    side's median comes from other pairs (an A/A comparison over 3 process sets read 1.006 from
+    the pairs and 1.082 from the two sides' medians)."""
     ratio, lo, hi = median_interval(ratios[idx])
-    a_ms, a_lo, a_hi = median_interval(a[idx])
-    b_ms, b_lo, b_hi = median_interval(b[idx])
+    level, level_lo, level_hi = median_interval(np.sqrt(a[idx] * b[idx]))
+    half = math.sqrt(ratio)
     return RatioFigure(
-        ratio, (lo, hi), int(idx.size), a_ms, b_ms, tuple(sorted({int(g) for g in groups[idx]})),
-        (a_lo, a_hi), (b_lo, b_hi),
+        ratio, (lo, hi), int(idx.size), level / half, level * half,
+        tuple(sorted({int(g) for g in groups[idx]})),
+        (level_lo / half, level_hi / half), (level_lo * half, level_hi * half),
     )  # fmt: skip
 
 
@@ -349,8 +360,8 @@ def split_modes(log_ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     None. The split is the one that maximises the between-group variance (Otsu's)."""
     x = np.asarray(log_ratios, dtype=np.float64)
     n = x.size
-    smallest = max(2, math.ceil(MODE_MIN_SHARE * n))
-    if n < 2 * smallest:
+    smallest = max(MODE_MIN_GROUP, math.ceil(MODE_MIN_SHARE * n))
+    if n < max(MODE_MIN_PAIRS, 2 * smallest):
         return None
     order = np.argsort(x, kind="stable")
     xs = x[order]
