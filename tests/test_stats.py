@@ -83,7 +83,7 @@ def test_one_speed_with_noise_is_one_mode_but_rarely(rel: float) -> None:
         if not paired.modes:
             assert paired.figure is paired.overall
     # Block medians vary by 1-3% on a quiet machine; at 6-12% a gap now and then looks like one.
-    assert found <= (0 if rel <= 0.03 else 4)
+    assert found <= (0 if rel <= 0.03 else 6)
 
 
 def test_a_few_outliers_are_not_a_mode() -> None:
@@ -104,3 +104,18 @@ def test_modes_that_disagree_on_the_faster_side_claim_no_difference() -> None:
     lo, hi = paired.ci95
     assert lo < 1.0 < hi  # neither "faster" nor "slower" can be claimed
     assert lo <= paired.ratio <= hi
+
+
+def test_a_side_at_two_speeds_is_found_where_the_other_side_smears_the_ratios() -> None:
+    """PP-OCR's classifier on 2 vCPUs (2026-12-06): ONNX Runtime at ~3.3 ms in some pairs and
+    ~8.5 ms in others, OpenVINO slowed less by the same moments (1.7 and 3.0 ms): the ratios
+    spread from 1.7x to 3.0x, and the median of them all was the lucky 2.5x."""
+    rng = np.random.default_rng(12)
+    n = 20
+    slow = np.arange(n) < 11
+    baseline = np.where(slow, _noisy(rng, 8.5, n, 0.05), _noisy(rng, 3.3, n, 0.06))
+    candidate = np.where(slow, _noisy(rng, 3.0, n, 0.04), _noisy(rng, 1.7, n, 0.08))
+    paired = paired_ratio(baseline, candidate)
+    assert len(paired.modes) == 2
+    assert 1 / paired.figure.ratio == pytest.approx(3.3 / 1.7, rel=0.08)
+    assert 1 / paired.overall.ratio > 2.2  # what a single median over every pair would have said

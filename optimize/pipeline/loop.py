@@ -522,6 +522,10 @@ class Pipeline:
             row = next(
                 r for r in reversed(record.records) if r.label == best.label and r.status == Status.KEPT
             )
+            row.reason = (
+                f"{speedup:.2f}x (95% CI {speedup_ci[0]:.2f}–{speedup_ci[1]:.2f}) in the final comparison; "
+                f"kept in the search: {row.reason}"
+            )
             row.speedup, row.speedup_ci95 = speedup, speedup_ci
             row.latency_ms = self._latency(comparison.b, art_ms)
             row.baseline_ms = base_ms

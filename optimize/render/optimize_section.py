@@ -130,11 +130,12 @@ TABLE_NOTE = (
     "measurement of that candidate with ONNX Runtime defaults (every side in its own process, one "
     "runtime per process, alternating blocks): the speedup is the median of the per-block-pair "
     "ratios, the two latencies are the pairs' typical level split by that ratio (so the baseline's "
-    "divided by the row's gives it), and its interval is the median's, from the same pairs. The artifact's row and the baseline's come "
-    "from the final comparison, in fresh processes after the search. Rows measured at different "
-    "moments carry the machine's speed at that moment: compare rows by speedup. A candidate is kept "
-    "only when it is accurate and faster than the best so far by the recipe's minimum with its "
-    "ratio's 95% CI below 1, twice (the second time on fresh processes)."
+    "divided by the row's gives it), and its interval is the median's, from the same pairs. The "
+    "artifact's row and the baseline's come from the final comparison, in fresh processes after the "
+    "search. Rows measured at different moments carry the machine's speed at that moment: compare "
+    "rows by speedup. A candidate is kept only when it is accurate and faster than the best so far "
+    "by the recipe's minimum with its ratio's 95% CI below 1, twice (the second time on fresh "
+    "processes)."
 )
 
 

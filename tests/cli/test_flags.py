@@ -100,3 +100,18 @@ def test_a_command_counts_from_its_process_start_when_the_process_started_for_it
     monkeypatch.setattr(common, "process_age_s", lambda: 500.0)
     common.mark_command_start()
     assert time.monotonic() - common.command_started() < 0.2
+
+
+def test_the_budget_countdown_is_read_at_each_refresh_and_says_when_it_runs_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    from optimize.cli import optimize_cmd
+
+    monkeypatch.setattr(optimize_cmd, "command_started", lambda: time.monotonic() - 50.0)
+    progress = optimize_cmd._RichProgress(show_rows=False, budget_s=60.0)
+    assert progress.budget_left().endswith("of the 1m00s budget left")
+    progress.budget_s = 45.0
+    # No status arrived in between (the final comparison sends none for seconds): still current.
+    assert progress.budget_left().startswith("5s over the 45s budget")
