@@ -197,7 +197,7 @@ class Pipeline:
                 self._remaining = order.rank(self._remaining, best.speedup)
             (spec, odds), self._remaining = self._remaining[0], self._remaining[1:]
             t_stage = time.monotonic()
-            reason = self._pre_skip_reason(spec, stop_reason) or self._not_worth_reason(
+            reason = self._pre_skip_reason(spec, stop_reason, odds) or self._not_worth_reason(
                 spec, odds, best.speedup
             )
             if reason:
@@ -333,19 +333,25 @@ class Pipeline:
         reserve = self._evaluator.end_cost_s(self._evaluator.best.candidate) if self._evaluator else 0.0
         return self._deadline - time.monotonic() - reserve
 
-    def _too_little_time(self) -> str:
+    def _too_little_time(self, stage_cost_s: float = 0.0) -> str:
         """Why what is left of the --time-budget cannot fit one more candidate ("" when it can):
         checking and timing one takes about evaluation_s here, and a measurement once begun runs
-        its least rounds whatever the budget."""
+        its least rounds whatever the budget. A stage about to start needs `stage_cost_s` too
+        (what it took in earlier runs: a quantizer's calibration cannot be cut short)."""
         left = self._time_left()
         if left is None or self._evaluator is None:
             return ""
-        needed = self._evaluator.evaluation_s()
-        if left >= needed:
+        evaluation = self._evaluator.evaluation_s()
+        if left >= max(evaluation, stage_cost_s):
             return ""
+        if stage_cost_s > evaluation:
+            return (
+                f"the --time-budget left for the search ({max(left, 0.0):.0f} s) is less than this "
+                f"stage took in earlier runs (about {stage_cost_s:.0f} s)"
+            )
         return (
             f"the --time-budget left for the search ({max(left, 0.0):.0f} s) is less than checking "
-            f"and timing a candidate takes here (about {needed:.0f} s)"
+            f"and timing a candidate takes here (about {evaluation:.0f} s)"
         )
 
     def _final_time_s(self) -> float | None:
@@ -361,7 +367,7 @@ class Pipeline:
     def _best_ms(self) -> float:
         return float(self._latency(self.best_alone)[self.metric])
 
-    def _pre_skip_reason(self, spec: StageSpec, stop_reason: str) -> str:
+    def _pre_skip_reason(self, spec: StageSpec, stop_reason: str, odds: order.Odds | None = None) -> str:
         reason = judge.pre_skip_reason(
             spec,
             self.request,
@@ -372,7 +378,8 @@ class Pipeline:
         )
         if reason or not spec.enabled:
             return reason
-        return self._too_little_time()
+        known = odds is not None and odds.tried > 0  # "no record": its cost is a placeholder
+        return self._too_little_time(odds.cost_s if known and odds is not None else 0.0)
 
     def _load_stage(self, name: str) -> Stage | StageSkipped:
         """The stage registered as `name`, loaded once (or why it cannot load)."""

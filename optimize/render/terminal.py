@@ -504,14 +504,19 @@ def render_optimize_summary(
     # and are in report.md: this table only lines the figures up, one line per stage.
     rows = [[row[0], row[1], row[2], row[3], row[5]] for row in table_rows(section)]
     metric = (section.get("target") or {}).get("percentile", "p50")
+    original = (section.get("best") or {}).get("label") == "baseline"
+    ends = (
+        "the baseline's row measured alone (the original ships)"
+        if original
+        else "the artifact's and the baseline's rows from the final comparison"
+    )
 
     def table_for(label_width: int) -> Table:
         table = Table(
             title=f"lto optimize: {escape(Path(report['model']['path']).name)}",
             title_justify="left",
             caption=f"Each row: its {metric}, the baseline's {metric} beside it and the speedup "
-            "(95% CI) from one side-by-side run; the artifact's and the baseline's rows from the "
-            "final comparison. Reasons above and in report.md",
+            f"(95% CI) from one side-by-side run; {ends}. Reasons above and in report.md",
             caption_justify="left",
             box=box.SIMPLE_HEAD,
             pad_edge=False,
