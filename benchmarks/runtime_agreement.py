@@ -241,20 +241,39 @@ class ArtifactRow:
         return "modes named" if named else "DISAGREE"
 
 
-def _alone_modes(p50s: dict[str, list[float]]) -> str:
-    """Which side's alone p50s fell in two groups over the alternations, with both groups."""
-    from optimize.stats import split_modes
+def _two_groups(values: Sequence[float]) -> tuple[list[float], list[float]] | None:
+    """Two groups among a side's few alone p50s (one per fresh process): at least 2 values each,
+    medians at least 15% apart, and the empty gap between them at least 30% of that distance."""
+    ordered = sorted(values)
+    best: tuple[float, int] | None = None
+    for cut in range(2, len(ordered) - 1):
+        low, high = np.log(ordered[:cut]), np.log(ordered[cut:])
+        separation = float(np.median(high) - np.median(low))
+        gap = float(high[0] - low[-1])
+        if separation >= np.log(1.15) and gap >= 0.3 * separation and (best is None or gap > best[0]):
+            best = (gap, cut)
+    return None if best is None else (ordered[: best[1]], ordered[best[1] :])
 
+
+def _alone_modes(p50s: dict[str, list[float]]) -> str:
+    """Which side's alone p50s fell in two groups over the fresh processes, with both groups."""
     found = []
     for side, values in p50s.items():
-        split = split_modes(np.log(np.asarray(values, dtype=np.float64)))
-        if split is not None:
-            low, high = (np.asarray(values)[idx] for idx in split)
+        groups = _two_groups(values)
+        if groups is not None:
+            low, high = groups
             found.append(
-                f"{side} alone at {np.median(low):.3g} ms in {low.size} processes and "
-                f"{np.median(high):.3g} ms in {high.size}"
+                f"{side} alone at {np.median(low):.3g} ms in {len(low)} processes and "
+                f"{np.median(high):.3g} ms in {len(high)}"
             )
     return "; ".join(found)
+
+
+def _alone_spread(p50s: dict[str, list[float]]) -> tuple[float, float] | None:
+    """The lowest and highest speedup over the alternations (original over artifact, each pair)."""
+    base, art = p50s.get("original") or [], p50s.get("artifact") or []
+    ratios = [b / a for b, a in zip(base, art, strict=False) if a > 0]
+    return (min(ratios), max(ratios)) if ratios else None
 
 
 def check_artifact(name: str, args: argparse.Namespace, work: Path) -> ArtifactRow:
@@ -311,10 +330,16 @@ def check_artifact(name: str, args: argparse.Namespace, work: Path) -> ArtifactR
     return row
 
 
+def _with_range(x: float | None, span: tuple[float, float] | None) -> str:
+    if x is None or span is None:
+        return _fmt(x)
+    return f"{_fmt(x)} ({span[0]:.2f}–{span[1]:.2f})"
+
+
 def artifact_table(rows: list[ArtifactRow]) -> str:
     lines = [
         "| model | artifact | lto optimize headline (95% CI) | lto bench --compare (95% CI) | alone "
-        "| max/min | agreement | optimize wall / budget |",
+        "(range over processes) | max/min | agreement | optimize wall / budget |",
         "|---|---|---|---|---|---|---|---|",
     ]
     notes: list[str] = []
@@ -325,8 +350,9 @@ def artifact_table(rows: list[ArtifactRow]) -> str:
             continue
         h, b = _with_ci(r.headline, r.headline_ci95), _with_ci(r.bench_compare, r.bench_compare_ci95)
         spread = r.spread()
+        alone = _with_range(r.alone, _alone_spread(r.alone_p50_ms))
         lines.append(
-            f"| {r.model} | {r.pick} | {h} | {b} | {_fmt(r.alone)} | "
+            f"| {r.model} | {r.pick} | {h} | {b} | {alone} | "
             f"{'' if spread is None else f'{spread:.2f}'} | {r.agreement()} | {wall} |"
         )
         for what, text in (("headline", r.headline_modes), ("bench --compare", r.bench_modes),
@@ -356,9 +382,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=None, help="report path without suffix")
     parser.add_argument("--alone", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--render", type=Path, default=None, help="print the --artifacts table of a saved .json again"
+    )
     args = parser.parse_args(argv)
     if args.alone:
         _alone_child(args.alone)
+        return 0
+    if args.render is not None:
+        saved = json.loads(args.render.read_text(encoding="utf-8"))
+        rows = [ArtifactRow(**{**r, "alone_modes": _alone_modes(r.get("alone_p50_ms") or {})}) for r in saved]
+        print(artifact_table(rows))
         return 0
     if args.alternations < 5:
         parser.error("--alternations: at least 5")
