@@ -29,4 +29,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'optimize' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The API's lazy names with the module's own (PEP 562), so `dir(optimize)` and completion
+    in an interactive session list them before first use."""
+    return sorted(set(globals()) | set(_API))
+
+
 __all__ = ["LoadedModel", "__version__", "bench_model", "load", "optimize_model"]

@@ -27,6 +27,16 @@ def test_import_optimize_stays_light() -> None:
     assert set(optimize.__all__) >= {"optimize_model", "bench_model", "load", "__version__"}
 
 
+def test_dir_lists_the_api_before_it_loads() -> None:
+    """`dir(optimize)` (and an interactive session's completion) shows the API, which loads only
+    on first use, without loading it."""
+    code = "import sys, optimize; print(' '.join(dir(optimize))); print('optimize.api' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    names, loaded = proc.stdout.splitlines()
+    assert {"optimize_model", "bench_model", "load", "LoadedModel", "__version__"} <= set(names.split())
+    assert loaded == "False"
+
+
 def test_bench_optimize_load_and_run_match_onnxruntime(tmp_path: Path) -> None:
     model = sample_path("mlp_small.onnx")
     report = optimize.bench_model(model, time="0.5s", warmup=2, min_runs=10, max_runs=30)

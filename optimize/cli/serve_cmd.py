@@ -157,6 +157,13 @@ def serve(
         rich_help_panel=LIMITS,
         help="Header fields in a request (and trailer fields): 431.",
     ),
+    max_chunk_ext_kb: float = typer.Option(
+        16.0,
+        "--max-chunk-ext-kb",
+        min=0.001,
+        rich_help_panel=LIMITS,
+        help="Chunk extensions over a chunked body, wire bytes: 413 (Node's cap, CVE-2024-22019).",
+    ),
     read_timeout_s: float = typer.Option(
         30.0,
         "--read-timeout-s",
@@ -257,6 +264,7 @@ def serve(
                      max_client_bytes=int(max_client_mb * MIB), read_timeout_s=read_timeout_s,
                      min_body_rate=min_body_rate_kb * 1024, max_head_bytes=int(max_head_kb * 1024),
                      max_header_fields=max_header_fields, send_timeout_s=send_timeout_s,
+                     max_chunk_ext_bytes=int(max_chunk_ext_kb * 1024),
                      max_connections=max_connections, max_client_connections=max_client_connections,
                      first_request_timeout_s=first_request_timeout_s, keepalive_s=keepalive_s)  # fmt: skip
     try:

@@ -65,6 +65,9 @@ class HttpLimits:
     max_head_bytes: int = 64 * KIB
     # Header fields in a head, and trailer fields after a chunked body: 431. Node and Go: 100-2000.
     max_header_fields: int = 100
+    # Chunk extensions (";name=value" after a chunk's size) over a whole body: 413. Node caps them
+    # at 16 KiB (CVE-2024-22019: unbounded extensions let a client spend the server's CPU).
+    max_chunk_ext_bytes: int = 16 * KIB
     # A request body's payload: 413 (declared, at the head; or as it arrives).
     max_body_bytes: int = 64 * MIB
     # A request must be whole this long after its first byte arrived: 408.
@@ -204,14 +207,24 @@ class _ChunkedEnd:
     """Where a chunked body ends on the wire, so that the parser is fed one message at a time
     and what follows it is counted as the next message's head. llhttp validates the framing;
     this only finds its end, and on input it cannot read it says "not yet" (llhttp then fails
-    the request on the same bytes)."""
+    the request on the same bytes). It also counts the body's chunk-extension bytes."""
 
-    __slots__ = ("left", "line", "state")
+    __slots__ = ("ext_done", "left", "line", "size_line", "state")
+
+    # A size line's own bytes: up to 16 hex digits and its CRLF. The rest is extensions.
+    _SIZE_LINE_OWN = 18
 
     def __init__(self) -> None:
         self.state = "size"  # size line, data, CRLF after data, trailer lines
         self.left = 0
         self.line = b""  # the start of a size line split across slices (its hex digits)
+        self.size_line = 0  # bytes of the current size line so far, however it was split
+        self.ext_done = 0  # extension bytes of the size lines already ended
+
+    @property
+    def extension_bytes(self) -> int:
+        """Chunk-extension bytes so far (";name=value" after each chunk's size)."""
+        return self.ext_done + max(0, self.size_line - self._SIZE_LINE_OWN)
 
     def scan(self, data: bytes, pos: int, end: int) -> int | None:
         """The position in `data` just past the body's last byte, or None if not in [pos, end)."""
@@ -224,6 +237,8 @@ class _ChunkedEnd:
                     self.state = "data-end"
                 continue
             lf = data.find(b"\n", pos, end)
+            if self.state == "size":
+                self.size_line += (end if lf < 0 else lf + 1) - pos
             if lf < 0:
                 if self.state == "size":
                     self.line = (self.line + data[pos:end])[:32]  # its hex digits
@@ -236,6 +251,8 @@ class _ChunkedEnd:
             if self.state == "data-end":
                 self.state = "size"
             elif self.state == "size":
+                self.ext_done = self.extension_bytes
+                self.size_line = 0
                 try:
                     size = int(line.split(b";", 1)[0].strip(), 16)
                 except ValueError:
@@ -483,7 +500,16 @@ class _Connection(asyncio.Protocol):
 
     def _check_body_wire(self) -> None:
         # Every wire byte of a message counts: a chunked body's framing, extensions and
-        # trailers may add at most one head's budget to its payload's limit.
+        # trailers may add at most one head's budget to its payload's limit, its extensions
+        # no more than max_chunk_ext_bytes of that.
+        ext = self.chunked_end.extension_bytes if self.chunked_end is not None else 0
+        if ext > self.limits.max_chunk_ext_bytes:
+            self._give_up(
+                413,
+                f"the chunked body's chunk extensions exceed {_kib(self.limits.max_chunk_ext_bytes)}",
+                "too_large",
+            )
+            return
         allowed = self.limits.max_body_bytes + self.limits.max_head_bytes
         if self.body_wire > allowed:
             self._give_up(

@@ -100,6 +100,7 @@ class ServerConfig:
     min_body_rate: float = _HTTP_DEFAULTS.min_body_rate
     max_head_bytes: int = _HTTP_DEFAULTS.max_head_bytes
     max_header_fields: int = _HTTP_DEFAULTS.max_header_fields
+    max_chunk_ext_bytes: int = _HTTP_DEFAULTS.max_chunk_ext_bytes
     send_timeout_s: float = _HTTP_DEFAULTS.send_timeout_s
     max_connections: int = _HTTP_DEFAULTS.max_connections
     max_client_connections: int = _HTTP_DEFAULTS.max_client_connections
@@ -110,6 +111,7 @@ class ServerConfig:
         return HttpLimits(
             max_head_bytes=self.max_head_bytes,
             max_header_fields=self.max_header_fields,
+            max_chunk_ext_bytes=self.max_chunk_ext_bytes,
             max_body_bytes=self.max_body_bytes,
             read_timeout_s=self.read_timeout_s,
             min_body_rate=self.min_body_rate,

@@ -148,7 +148,28 @@ def test_chunk_extensions_and_framing_count_against_the_limits() -> None:
         extension = b"3;" + b"e" * (70 << 10)
         flood = chunked + extension
         status, _, payload = await attack(port, flood)
+        assert status == 413 and "chunk extensions exceed 16 KiB" in json.loads(payload)["error"]
+        # Framing alone (many tiny chunks) still counts against one head's budget beyond the body.
+        tiny = chunked + b"1\r\na\r\n" * 12000  # 72 KB of wire for 12 KB of payload
+        status, _, payload = await attack(port, tiny)
         assert status == 413 and "framing and trailers" in json.loads(payload)["error"]
+
+    run(app, body)
+
+
+def test_chunk_extensions_spread_over_many_chunks_are_capped_like_nodes() -> None:
+    """4 MB of extensions in 1 KiB pieces stayed under the old per-message budget (body limit +
+    head budget) and were read whole; Node stops at 16 KiB (CVE-2024-22019)."""
+    app = EchoApp()  # the defaults: 64 MiB bodies, 64 KiB heads, 16 KiB of chunk extensions
+
+    async def body(port: int) -> None:
+        chunked = b"POST /slow?ms=0 HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        piece = b"3;" + b"x" * 1024 + b"\r\nabc\r\n"
+        status, _, payload = await attack(port, chunked + piece * 4096)
+        assert status == 413 and "chunk extensions exceed 16 KiB" in json.loads(payload)["error"]
+        ok = chunked + (b"3;" + b"x" * 100 + b"\r\nabc\r\n") * 100 + b"0\r\n\r\n"
+        [(status, _, payload)] = await exchange(port, ok, 1)
+        assert status == 200 and payload == b"abc" * 100  # 10 KiB of extensions: within the cap
 
     run(app, body)
 
