@@ -429,9 +429,9 @@ def read_data(
         npz = Path(tmp) / "rows.npz"
         np.savez(npz, **laid)
         samples = load_samples(npz, specs, feeds, "--data", axes)
-    notes = [w.replace(str(npz), str(path)) for w in samples.warnings]
-    warnings += [f"--data {path.name}: {what} became {len(samples.samples)} samples", *notes]
-    return RealRows("--data", path, samples.samples, restacked=True, warnings=warnings)
+    warnings += [w.replace(str(npz), str(path)) for w in samples.warnings]
+    became = f"rows: --data {path.name}: {what} became {len(samples.samples)} samples"
+    return RealRows("--data", path, samples.samples, restacked=True, warnings=warnings, notes=[became])
 
 
 def _on_batch_axis(rows: np.ndarray, axis: int | None) -> np.ndarray:

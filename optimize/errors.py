@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
+# A line of a native library's error that only says where it was raised (OpenVINO writes one per
+# layer it passed through before the cause: "Exception from src/inference/src/cpp/core.cpp:84:").
+_LOCATION_LINE = re.compile(
+    r"^(Exception from |Check '.*' failed at )?\S+\.(c|cc|cpp|cxx|h|hpp)(:\d+)*:?\s*$"
+)
+
 
 class LtoError(Exception):
     """A failure the user can act on. `hint` says what to do about it."""
@@ -36,9 +44,25 @@ class BackendUnavailable(LtoError):
 
 
 def message_line(exc: BaseException) -> str:
-    """The first non-empty line of an exception's text (native libraries write pages), or its
-    type's name when it has no text."""
-    return next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    """The first line of an exception's text that says what went wrong (native libraries write
+    pages, and OpenVINO starts with lines that only say where), or its type's name when it has
+    no text."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    meaningful = [ln for ln in lines if not _LOCATION_LINE.match(ln)] or lines
+    if not meaningful:
+        return type(exc).__name__
+    # A line that ends in a colon introduces the cause on the next one ("... failed with
+    # GeneralFailure:" / "Conversion is failed for: Conv-15 ..."): keep them together.
+    line, rest = meaningful[0], meaningful[1:]
+    while line.endswith(":") and rest and len(line) < 300:
+        line, rest = f"{line} {rest[0]}", rest[1:]
+    return line
+
+
+def full_text(exc: BaseException, limit: int = 4000) -> str:
+    """The exception's whole text (for report.json), cut at `limit` characters."""
+    text = str(exc).strip() or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def first_line(exc: BaseException) -> str:

@@ -194,6 +194,32 @@ def _contains(folder: Path, path: Path) -> bool:
     return True
 
 
+def check_writable_place(path: str | os.PathLike[str], flag: str, what: str = "folder") -> None:
+    """Refuse, before any work, an output path lto could not write: one under a file, or whose
+    folder (the nearest one that exists) cannot take a new entry: read-only, no permission, a
+    pseudo file system such as /proc. lto writes beside the target and renames, so the check is
+    on the target's folder. The error names the user's path and the real cause."""
+    existing = Path(path).absolute().parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(
+            f"{flag} {path}: {existing} is a file, not a folder", f"give {flag} a path to a {what}"
+        )
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".lto-write-check-", dir=existing)
+    except OSError as exc:
+        cause = {errno.EROFS: "the file system is read-only", errno.EACCES: "no permission"}.get(
+            exc.errno or 0, exc.strerror or type(exc).__name__
+        )
+        raise UsageError(
+            f"{flag} {path}: cannot write in {existing} ({cause})", "choose a path you can write"
+        ) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+
+
 def check_output_dir(
     path: str | os.PathLike[str],
     *,
@@ -212,10 +238,12 @@ def check_output_dir(
     fix = f"choose another {flag}; lto replaces only empty folders and artifacts it wrote"
     if target.is_symlink():
         raise UsageError(f"{flag} {shown} is a symlink; lto will not replace it", fix)
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"{flag} {shown} is a file, not an artifact folder; lto will not replace it", fix)
+    # The artifact is written beside it (a scratch folder, then one rename): its folder must take it.
+    check_writable_place(target, flag)
     if not target.exists():
         return
-    if not target.is_dir():
-        raise UsageError(f"{flag} {shown} is a file, not an artifact folder; lto will not replace it", fix)
     if _contains(target, Path.cwd()):
         raise UsageError(f"{flag} {shown} is the working folder or holds it; lto will not replace it", fix)
     for item in inputs:
@@ -260,10 +288,11 @@ def check_output_file(
             raise UsageError(f"{flag} {target} is also an input of this command; lto will not write it", fix)
     if target.is_symlink():
         raise UsageError(f"{flag} {target} is a symlink; lto will not replace it", fix)
-    if not target.exists():
-        return
     if target.is_dir():
         raise UsageError(f"{flag} {target} is a folder; give a file path", fix)
+    check_writable_place(target, flag, what="file")
+    if not target.exists():
+        return
     if target.stat().st_size and not _is_lto_file(target):
         raise UsageError(f"{flag} {target} is a file lto did not write; lto will not replace it", fix)
 

@@ -158,6 +158,16 @@ def choose_metric(name: str, samples: Sequence[np.ndarray], batch_axis: int | No
             return MetricChoice(
                 "ctc", f"[batch, time, {core[-1]}] named like per-step logits", batch_axis=batch_axis
             )
+        values = np.concatenate([a.reshape(-1) for a in arrays])
+        named_embedding = any(h in lowered for h in _EMBEDDING_HINTS)
+        if not named_embedding and values.size and np.all(np.isfinite(values)) and values.min() >= 0.0 \
+                and values.max() <= 1.0:  # fmt: skip
+            return MetricChoice(
+                "none",
+                f"[batch, {core[0]}, {core[1]}] of independent scores in [0, 1] (a detector's class "
+                "scores, without boxes): judged by cosine, whole and per class",
+                batch_axis=batch_axis,
+            )
         return MetricChoice(
             "embedding", f"[batch, seq, {core[-1]}] float: one vector per position", batch_axis=batch_axis
         )

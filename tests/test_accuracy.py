@@ -496,3 +496,16 @@ def test_fp32_tolerance_holds_each_slice_to_its_own_scale() -> None:
     loose = Thresholds(min_cosine=0.9999999, min_task_cosine=0.9999999)
     assert check(heads, boxes_off, loose, fp32=True).ok  # 0.01 px: within 1e-4 of the box range
     assert not check(heads, scores_off, loose, fp32=True).ok  # 0.05 of a [0, 1] score is not
+
+
+def test_a_detectors_class_score_head_is_not_called_an_embedding() -> None:
+    """PicoDet's score heads [1, N, 10] (sigmoid scores, no boxes, named transpose_*.tmp_0) were
+    judged as "embeddings"."""
+    from optimize.task_metrics import choose_metric
+
+    rng = np.random.default_rng(0)
+    scores = [rng.uniform(0, 1, (1, 3000, 10)).astype(np.float32) for _ in range(2)]
+    choice = choose_metric("transpose_0.tmp_0", scores, 0)
+    assert choice.metric == "none" and "class scores" in choice.why
+    hidden = [rng.standard_normal((1, 64, 384)).astype(np.float32) for _ in range(2)]
+    assert choose_metric("transpose_0.tmp_0", hidden, 0).metric == "embedding"

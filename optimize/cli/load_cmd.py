@@ -94,6 +94,10 @@ def load(
 
     if (target is None) == (artifact is None):
         raise UsageError("give a URL, a MODEL.onnx or --artifact DIR (one of them)", "see lto load --help")
+    if target is not None and looks_like_host_port(target):
+        raise UsageError(
+            f"{target} is not a file; it looks like a server address", f"write it as a URL: http://{target}"
+        )
     report = deprecated_alias(output, old_report, "--output", "--report")
     check_output_file(report, flag="-o")
     options = LoadOptions(
@@ -125,6 +129,16 @@ def load(
             console.print(f"report: {report}")
     if not result["load"]["verdict"]["passed"]:
         raise typer.Exit(EXIT_SLO_MISSED)
+
+
+def looks_like_host_port(target: str) -> bool:
+    """`localhost:8000`, `10.0.0.5:8000`, `[::1]:8000`: a server address without its scheme (and
+    no file of that name)."""
+    import re
+
+    if Path(target).exists() or "://" in target:
+        return False
+    return re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):\d{1,5}(/.*)?", target) is not None
 
 
 def register(app: typer.Typer) -> None:

@@ -306,16 +306,18 @@ def optimize_command(
         command=["lto", *sys.argv[1:]] if sys.argv and sys.argv[0] else None,
     )
     request.validate()
-    with _RichProgress(
+    display = _RichProgress(
         show_rows=not json_out, budget_s=request.time_budget_s, first_line=request.budget_line()
-    ) as progress:
+    )
+    with display as progress:
         result = optimize(request, progress=progress)
     if json_out:
         print_json(result.report)
     else:
         render_optimize_summary(
-            result.report, result.artifact_dir, result.verdict, result.exit_code, console, err_console
-        )
+            result.report, result.artifact_dir, result.verdict, result.exit_code, console, err_console,
+            shown=display.shown_warnings,
+        )  # fmt: skip
     raise typer.Exit(result.exit_code)
 
 
@@ -395,6 +397,7 @@ class _RichProgress:
         self._task: Any = None
         self._first_line = first_line
         self._working = False
+        self.shown_warnings: set[str] = set()  # printed as the run went: not again in the summary
 
         class Sink(Base):
             def status(self, text: str) -> None:
@@ -411,6 +414,8 @@ class _RichProgress:
 
             def log(self, text: str) -> None:
                 outer.begin()
+                if text.startswith("warning: "):
+                    outer.shown_warnings.add(text.removeprefix("warning: "))
                 outer._bar.console.print(f"[dim]{text}[/]", highlight=False, soft_wrap=True)
 
         self.sink = Sink()

@@ -26,7 +26,7 @@ from optimize.accuracy import AccuracyResult, MetricError, accuracy_json, check
 from optimize.backend import Backend
 from optimize.bench import BenchSettings, Comparison, Measurement, measure_where_it_runs
 from optimize.bench.apart import PROCESS_SETS, ApartRun, compare_apart, compare_in_process_sets
-from optimize.errors import first_line
+from optimize.errors import first_line, full_text
 from optimize.evidence import is_lossy, numerics
 from optimize.pipeline import judge
 from optimize.pipeline.baseline import Baseline
@@ -368,6 +368,7 @@ class Evaluator:
             backend = open_candidate(cand)
         except Exception as exc:
             record.reason = f"the candidate does not load: {first_line(exc)}"
+            record.details["error_text"] = full_text(exc)
             return None
         # Timing runs in worker processes, never beside this one: it is closed before any.
         with backend:
@@ -378,6 +379,7 @@ class Evaluator:
                 raise
             except Exception as exc:
                 record.reason = f"the candidate does not run: {first_line(exc)}"
+                record.details["error_text"] = full_text(exc)
                 return None
 
     def _side_by_side(

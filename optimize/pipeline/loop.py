@@ -23,7 +23,7 @@ from optimize.accuracy import MetricError, accuracy_json
 from optimize.artifact import write_artifact
 from optimize.bench import BenchSettings, Comparison, Measurement
 from optimize.env import cpu_class, cpu_isa_flags, machine_fingerprint
-from optimize.errors import first_line
+from optimize.errors import first_line, full_text
 from optimize.evidence import numerics
 from optimize.onnx_file import file_has_external_data
 from optimize.pipeline import judge, order
@@ -57,6 +57,22 @@ StageFactory = Callable[[str], Stage]
 # The final comparison times for at least this long, even when the --time-budget is spent: a
 # headline needs its own measurement (a few rounds in each set of processes).
 FINAL_MIN_TIME_S = 3.0
+
+
+def _named(stage: str, text: str) -> str:
+    """A stage's line, led by its name once ("openvino-convert: openvino-convert:bf16: ..." read
+    twice when the line already names one of the stage's candidates)."""
+    return text if text.startswith(f"{stage}:") else f"{stage}: {text}"
+
+
+def _missing_folders(path: Path) -> list[Path]:
+    """The folders of `path` that do not exist yet, deepest first (mkdir would create them)."""
+    missing = []
+    for folder in [path, *path.parents]:
+        if folder.exists():
+            break
+        missing.append(folder)
+    return missing
 
 
 @contextlib.contextmanager
@@ -128,6 +144,7 @@ class Pipeline:
         self.request.validate()
         model_path = Path(self.request.model_path)
         work_parent = self.record.out_dir.parent
+        created = _missing_folders(work_parent)
         work_parent.mkdir(parents=True, exist_ok=True)
         workdir = Path(tempfile.mkdtemp(prefix=f".lto-work-{model_path.stem}-", dir=work_parent)).absolute()
         try:
@@ -137,6 +154,9 @@ class Pipeline:
             raise
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
+            for folder in created:  # a run that wrote nothing leaves no empty folders behind
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
 
     def _run(self, model_path: Path, workdir: Path) -> PipelineResult:
         record = self.record
@@ -443,10 +463,10 @@ class Pipeline:
             target_ms=self.request.target_ms,
             deadline=deadline,
             check_accuracy=evaluator.check_accuracy,
-            log=lambda text: record.log(f"{spec.name}: {text}"),
-            status=lambda text: record.status(f"{spec.name}: {text}"),
+            log=lambda text: record.log(_named(spec.name, text)),
+            status=lambda text: record.status(_named(spec.name, text)),
             note_point_fn=note_point,
-            warn_fn=lambda text: record.warn(f"{spec.name}: {text}"),
+            warn_fn=lambda text: record.warn(_named(spec.name, text)),
         )
         try:
             reason = stage.skip_reason(evaluator.best.of_runtime(stage_runtime(spec.name)), ctx)
@@ -502,7 +522,7 @@ class Pipeline:
         tb = traceback.extract_tb(exc.__traceback__)
         where = f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
         where = getattr(exc, "where", None) or where  # an isolated stage says where it raised
-        details = {"exception": type(exc).__name__, "where": where}
+        details = {"exception": type(exc).__name__, "where": where, "error_text": full_text(exc)}
         return StageRecord(spec.name, spec.name, Status.FAILED, first_line(exc), details=details)
 
     # -- the end --------------------------------------------------------------------------------

@@ -495,8 +495,10 @@ def render_optimize_summary(
     exit_code: int,
     console: Console,
     err_console: Console,
+    shown: set[str] | frozenset[str] = frozenset(),
 ) -> None:
-    """The per-stage table, the artifact's headline figures, the verdict and the warnings."""
+    """The per-stage table, the artifact's headline figures, the verdict and the warnings not
+    already `shown` as the run went (each warning once)."""
     from pathlib import Path
 
     section = report["optimize"]
@@ -576,4 +578,5 @@ def render_optimize_summary(
     colour = "green" if exit_code == 0 else "yellow"
     console.print(f"[bold {colour}]{escape(verdict)}[/] (exit code {exit_code})", highlight=False)
     for warning in section.get("warnings", []):
-        err_console.print(f"[yellow]warning:[/] {escape(str(warning))}", highlight=False, soft_wrap=True)
+        if str(warning) not in shown:
+            err_console.print(f"[yellow]warning:[/] {escape(str(warning))}", highlight=False, soft_wrap=True)

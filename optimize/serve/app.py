@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import shlex
 import sys
 from collections.abc import Awaitable, Callable
@@ -153,10 +154,9 @@ def run_serve(
                 batcher, server_config, row or None, on_ready=announce, poller=poller
             )
         except OSError as exc:
-            raise LtoError(
-                f"cannot listen on {server_config.host}:{server_config.port}: {exc.strerror or exc}",
-                "choose another --port",
-            ) from None
+            where = f"{server_config.host}:{server_config.port}"
+            cause = "another process is using the port" if exc.errno == errno.EADDRINUSE else exc.strerror
+            raise LtoError(f"cannot listen on {where}: {cause or exc}", "choose another --port") from None
 
     code = polling.run(main, server_config.busy_poll_us)
     console.print(f"drained: {batcher.requests_answered} requests answered in {batcher.batches_run} batches")

@@ -560,7 +560,14 @@ async def start_server(
     if poller is not None:
         poller.may_poll = lambda: server.inflight == 0 and batcher.inflight_batches == 0
     http_server = HttpServer(server, config.http_limits())
-    port = await http_server.start(config.host, config.port)
+    try:
+        port = await http_server.start(config.host, config.port)
+    except BaseException:
+        # The port is taken (or not allowed): the batcher's dispatcher is already running, and a
+        # task left pending prints a dump at exit after the one-line error.
+        await batcher.drain()
+        server.close()
+        raise
     server.ready = True
     return RunningServer(server, http_server, f"http://{config.host}:{port}")
 

@@ -115,3 +115,35 @@ def test_the_budget_countdown_is_read_at_each_refresh_and_says_when_it_runs_over
     progress.budget_s = 45.0
     # No status arrived in between (the final comparison sends none for seconds): still current.
     assert progress.budget_left().startswith("5s over the 45s budget")
+
+
+def test_load_given_host_port_without_a_scheme_suggests_the_url() -> None:
+    assert_clean_error(run_cli("load", "localhost:18081", "--requests", "5"), 2,
+                       "localhost:18081 is not a file; it looks like a server address", "http://localhost:18081")  # fmt: skip
+    from optimize.cli.load_cmd import looks_like_host_port
+
+    assert looks_like_host_port("10.0.0.5:8000") and looks_like_host_port("[::1]:8000")
+    assert not looks_like_host_port("model.onnx") and not looks_like_host_port("http://h:1")
+
+
+def test_a_run_that_fails_on_its_inputs_leaves_no_folders_behind(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "deeper" / "artifact"
+    proc = run_cli("optimize", "sample_models/bert_tiny.onnx", "--shape", "nonexist=1x2", "-o", out)
+    assert_clean_error(proc, 2, "--shape names 'nonexist'")
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+    ("where", "cause"),
+    [("afile/out", "is a file, not a folder"), ("/proc/lto-out", "cannot write in /proc")],
+)
+def test_an_output_lto_cannot_write_is_refused_before_any_work(
+    tmp_path: Path, where: str, cause: str
+) -> None:
+    (tmp_path / "afile").write_text("not a folder")
+    target = where if where.startswith("/") else str(tmp_path / where)
+    for command in (["optimize", "sample_models/mlp_small.onnx"], ["bench", "sample_models/mlp_small.onnx"]):
+        path = target if command[0] == "optimize" else target + ".json"
+        proc = run_cli(*command, "-o", path)
+        assert_clean_error(proc, 2, f"-o {path}", cause)
+        assert "measuring" not in proc.stderr and "baseline" not in proc.stderr  # refused first

@@ -892,3 +892,24 @@ def test_a_baseline_at_two_speeds_is_named_and_every_figure_is_against_its_fast_
     assert artifact.baseline_ms / artifact.latency_ms["p50"] == pytest.approx(artifact.speedup, rel=0.05)
     assert rows["baseline"].latency_ms["p50"] == pytest.approx(artifact.baseline_ms)
     assert any("two speeds" in line for line in section["log"] if line.startswith("final:"))
+
+
+OPENVINO_FAILURE = """Exception from src/inference/src/cpp/core.cpp:84:
+Exception from src/frontends/onnx/frontend/src/frontend.cpp:163:
+Check 'unsupported_operations.empty()' failed at src/frontends/onnx/frontend/src/frontend.cpp:163:
+FrontEnd API failed with GeneralFailure:
+Conversion is failed for: Conv-15, ReduceMean-15 rank has to be known
+"""
+
+
+def test_a_runtime_failure_keeps_its_cause_in_the_reason_and_its_whole_text_in_the_report(
+    tmp_path: Path,
+) -> None:
+    stages: dict[str, Any] = {"fake-raises": FakeStage(raising(RuntimeError(OPENVINO_FAILURE)))}
+    result, _ = run_fake(tmp_path, stages, {})
+    row = by_label(result)["fake-raises"]
+    assert row.status == "failed"
+    assert row.reason.startswith("RuntimeError: FrontEnd API failed with GeneralFailure: Conversion is")
+    assert "core.cpp" not in row.reason  # the lines that only say where it was raised are dropped
+    stage = next(s for s in result.report["optimize"]["stages"] if s["label"] == "fake-raises")
+    assert stage["details"]["error_text"] == OPENVINO_FAILURE.strip()

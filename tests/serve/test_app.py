@@ -48,3 +48,19 @@ def test_validate_echoes_the_complete_load_command(monkeypatch: pytest.MonkeyPat
     # exit code 3, "unreachable", not 1, "SLO missed"
     assert proc.returncode == 3, (proc.returncode, proc.stderr)
     assert "cannot reach" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_busy_port_is_one_line_and_nothing_after_it() -> None:
+    """The error used to be followed by "Task was destroyed but it is pending!" and a task dump:
+    the batcher's dispatcher was left running when the bind failed."""
+    import socket
+
+    from tests.cli_helpers import assert_clean_error, run_lto
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = run_lto("serve", "sample_models/mlp_small.onnx", "--port", str(port), timeout=120)
+    assert_clean_error(proc, 1, f"cannot listen on 127.0.0.1:{port}: another process is using the port")
+    assert "Task was destroyed" not in proc.stderr and "pending" not in proc.stderr

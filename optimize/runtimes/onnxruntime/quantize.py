@@ -516,7 +516,10 @@ def _prepare(source: Path, ctx: StageContext, static: bool) -> tuple[Path, str]:
             source = pre
             notes.append("quant_pre_process (symbolic shapes, ORT basic optimizations)")
         except Exception as exc:
-            notes.append(f"quant_pre_process failed, quantizing the model as is: {message_line(exc)}")
+            why = message_line(exc)
+            if why == type(exc).__name__:  # a bare `assert` inside onnxruntime's shape inference
+                why = f"it raised {why} with no message (onnxruntime's symbolic shape inference)"
+            notes.append(f"quant_pre_process failed, quantizing the model as is: {why}")
             ctx.log(notes[-1])
     model = read_model(source)
     if moved := constants_to_initializers(model):
