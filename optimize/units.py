@@ -15,7 +15,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 from optimize.errors import UsageError
 
-PERCENTILE_HINT = "write e.g. p50, p90, p99 or p99.9"
+# The one set of percentiles every command takes and reports, as people write them.
+PERCENTILE_LABELS = ("p50", "p90", "p95", "p99", "p99.9")
+PERCENTILE_HINT = "write one of p50, p90, p95, p99, p99.9"
 DURATION_HINT = "write e.g. 90s, 1.5s, 10m or 1h30m; a bare number is seconds"
 
 _NUMBER = r"(?:\d+(?:\.\d+)?|\.\d+)"
@@ -69,6 +71,14 @@ def parse_percentile(text: str | float, option: str = "--percentile") -> float:
     return q
 
 
+def parse_standard_percentile(text: str | float, option: str) -> float:
+    """parse_percentile, limited to the one set every command takes (PERCENTILE_LABELS)."""
+    q = parse_percentile(text, option)
+    if percentile_label(q) not in PERCENTILE_LABELS:
+        raise UsageError(f"{option} {percentile_label(q)} is not one lto reports", PERCENTILE_HINT)
+    return q
+
+
 def percentile_label(q: float) -> str:
     """How people read it: 99.0 -> 'p99', 99.9 -> 'p99.9'."""
     return f"p{q:g}"
@@ -82,11 +92,12 @@ def percentile_key(q: float) -> str:
 
 def parse_percentile_key(text: str | float, option: str, choices: Iterable[str] | None = None) -> str:
     """A report key ('p50', 'p99', 'p999') from any accepted spelling; checked against `choices`."""
-    key = percentile_key(parse_percentile(text, option))
+    q = parse_standard_percentile(text, option)
+    key = percentile_key(q)
     allowed = list(choices) if choices is not None else None
     if allowed is not None and key not in allowed:
         names = ", ".join(percentile_label(parse_percentile(c)) for c in allowed)
-        raise UsageError(f"{option} {text!r} is not supported", f"choose one of: {names}")
+        raise UsageError(f"{option} {percentile_label(q)} is not supported", f"choose one of: {names}")
     return key
 
 
@@ -118,7 +129,7 @@ def limit_parser(option: str, minimum: float | None = None) -> Callable[[str | f
 
 def percentile_parser(option: str) -> Callable[[str | float], float]:
     """A typer `parser=` for a percentile flag that wants the number (99.0)."""
-    return lambda text: parse_percentile(text, option)
+    return lambda text: parse_standard_percentile(text, option)
 
 
 def percentile_key_parser(option: str, extra: Iterable[str] = ()) -> Callable[[str | float], str]:

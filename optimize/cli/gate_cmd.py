@@ -14,6 +14,7 @@ from optimize.cli.common import (
     JsonOption,
     ShapeOption,
     console,
+    deprecated_alias,
     err_console,
     print_json,
 )
@@ -76,13 +77,19 @@ def register(app: typer.Typer) -> None:
             "--force-update-baseline",
             help="Store the candidate as the baseline whatever the verdict (accept a slowdown on purpose).",
         ),
-        metric: str = typer.Option(
-            "p50",
+        percentile: str | None = typer.Option(
+            None,
+            "--percentile",
+            parser=percentile_key_parser("--percentile", extra=("throughput",)),
+            metavar="PERCENTILE",
+            help="What is compared: p50 (default), p90, p95, p99, p99.9 or throughput.",
+        ),
+        old_metric: str | None = typer.Option(
+            None,
             "--metric",
             "-m",
+            hidden=True,
             parser=percentile_key_parser("--metric", extra=("throughput",)),
-            metavar="METRIC",
-            help="p50, p90, p99 or throughput (a bare number such as 99 is still accepted).",
         ),
         max_regression: str = typer.Option(
             "5%", "--max-regression", help="Largest allowed slowdown: 5% or 0.05."
@@ -141,6 +148,7 @@ def register(app: typer.Typer) -> None:
         A noisy comparison is "inconclusive", never "regressed"; with --rerun a regression must show twice.
         """
 
+        metric = deprecated_alias(percentile, old_metric, "--percentile", "--metric") or "p50"
         settings = g.GateSettings(
             metric=metric,
             max_regression=g.parse_fraction(max_regression),

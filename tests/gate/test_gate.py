@@ -521,10 +521,14 @@ def test_metric_and_budget_options(tmp_path: Path) -> None:
         loose = gate_reports(slow, baseline_file=base, settings=GateSettings(metric, max_regression=0.5))
         assert (strict.verdict, loose.verdict) == (REGRESSED, PASS), (metric, strict.reason, loose.reason)
     proc = run_cli(
-        "gate", "--baseline", base, "--candidate", slow, "-m", "p99", "--max-regression", "50%", "--json"
-    )
+        "gate", "--baseline", base, "--candidate", slow, "--percentile", "p99", "--max-regression", "50%",
+        "--json",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["metric"] == "p99"
+    # The old spelling still works, with a warning: --metric means a Python function in optimize.
+    old = run_cli("gate", "--baseline", base, "--candidate", slow, "-m", "p99", "--max-regression", "50%")
+    assert old.returncode == 0 and "--metric is deprecated, use --percentile" in old.stderr
 
 
 def test_cli_picks_the_final_measurement_or_the_label(tmp_path: Path) -> None:
@@ -550,7 +554,7 @@ def test_cli_picks_the_final_measurement_or_the_label(tmp_path: Path) -> None:
     "args,needle",
     [
         (["--max-regression", "5"], "ambiguous --max-regression"),
-        (["--metric", "p75"], "unknown metric"),
+        (["--percentile", "p75"], "--percentile p75 is not one lto reports"),
         (["--update-baseline"], "--update-baseline needs --baseline-dir"),
         (["--shape", "x=1x16"], "apply to --rerun only"),
     ],
