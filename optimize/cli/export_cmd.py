@@ -48,8 +48,11 @@ runtime inside Triton), TensorRT-RTX engines.
 
 
 def export(
-    artifact: Path = typer.Argument(
-        ..., help="Artifact directory written by `lto optimize`.", show_default=False
+    artifact_arg: Path | None = typer.Argument(
+        None, metavar="ARTIFACT", help="Artifact folder written by `lto optimize`.", show_default=False
+    ),
+    artifact_opt: Path | None = typer.Option(
+        None, "--artifact", help="The artifact folder, as bench, serve and load also take it.", hidden=True
     ),
     triton: Path = typer.Option(
         ..., "--triton", help="Triton model repository: lto writes only its NAME/ folder.", show_default=False
@@ -95,6 +98,9 @@ def export(
 ) -> None:
     """Export an artifact as a Triton model (config.pbtxt + model) and a KServe InferenceService."""
 
+    if (artifact_arg is None) == (artifact_opt is None):
+        raise UsageError("give the artifact folder (once)", "e.g. lto export out/model --triton repo/")
+    artifact: Path = artifact_arg if artifact_arg is not None else artifact_opt  # type: ignore[assignment]
     if batch_profile is not None and measure_batches is not None:
         raise UsageError("give --batch-profile or --measure-batches, not both")
     check_thread_count(instances, "--instances", minimum=1)

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from optimize.cli.common import JsonOption, ShapeOption, console, print_json
+from optimize.errors import UsageError
 from optimize.inputs import parse_shape_args
 from optimize.inspection import inspect_model
 from optimize.render.terminal import render_inspection
@@ -25,17 +26,32 @@ elementwise ops count 1 FLOP per element (convention in optimize/inspection.py).
 
 
 def inspect(
-    model: Path = typer.Argument(..., help="ONNX model file.", show_default=False),
+    model: Path = typer.Argument(..., help="ONNX model file, or an artifact folder.", show_default=False),
     shape: list[str] = ShapeOption,
     json_out: bool = JsonOption,
 ) -> None:
     """Show an ONNX model's versions, inputs/outputs, ops, parameters, FLOPs and validity."""
 
-    info = inspect_model(model, parse_shape_args(shape))
+    info = inspect_model(artifact_model(model), parse_shape_args(shape))
     if json_out:
         print_json(info)
     else:
         render_inspection(info, console)
+
+
+def artifact_model(path: Path) -> Path:
+    """The ONNX file to inspect: the path itself, or an artifact folder's model (verified)."""
+    if not path.is_dir():
+        return path
+    from optimize.artifact import load_artifact
+
+    loaded = load_artifact(path)
+    if loaded.model_path.suffix.lower() != ".onnx":
+        raise UsageError(
+            f"{path} holds a {loaded.backend} model ({loaded.model_path.name}); lto inspect reads ONNX files",
+            "inspect the ONNX model it was made from",
+        )
+    return loaded.model_path
 
 
 def register(app: typer.Typer) -> None:

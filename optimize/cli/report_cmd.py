@@ -25,7 +25,9 @@ EPILOG = """
 
 
 def report(
-    path: Path = typer.Argument(..., help="A JSON report written by lto."),
+    path: Path = typer.Argument(
+        ..., help="A JSON report written by lto, or an artifact folder (its report.json).", show_default=False
+    ),
     output: Path | None = typer.Option(
         None,
         "--output",
@@ -38,6 +40,12 @@ def report(
     check: bool = typer.Option(False, "--check", help="Only validate the report against the schema."),
 ) -> None:
     """Render a report (bench, compare, optimize, load, gate) for people: Markdown or HTML with plots."""
+    if path.is_dir():  # an artifact folder, taken the way every command takes it
+        if not (path / "report.json").is_file():
+            raise UsageError(
+                f"{path} is a folder without a report.json", "pass a report or an artifact folder"
+            )
+        path = path / "report.json"
 
     check_output_file(output, flag="-o", inputs=(path,))
     check_output_file(html_out, flag="--html", inputs=(path,))

@@ -27,14 +27,17 @@ def platform_of(model: RuntimeModel) -> str:
 def resolve_served(
     model: str | Path | None, artifact: str | Path | None, name: str | None = None
 ) -> RuntimeModel:
-    """An artifact directory (verified by optimize.artifact) or an ONNX file run by ONNX Runtime."""
+    """An artifact folder (verified by optimize.artifact), given as MODEL like every command takes
+    it or with --artifact, or an ONNX file run by ONNX Runtime."""
     if (model is None) == (artifact is None):
-        raise UsageError("give either MODEL.onnx or --artifact DIR", "e.g. lto serve --artifact out/")
+        raise UsageError("give either MODEL.onnx or an artifact folder", "e.g. lto serve out/model")
+    if artifact is None and Path(str(model)).is_dir():
+        artifact = model
     if artifact is not None:
         return resolve_model(artifact, label=name or Path(artifact).resolve().name)
     path = Path(str(model))
     if not path.is_file():
-        raise UsageError(f"model not found: {path}", "give an .onnx file or --artifact DIR")
+        raise UsageError(f"model not found: {path}", "give an .onnx file or an artifact folder")
     served = resolve_model(path, label=name or path.stem)
     # Spinning intra-op threads would burn the cores the event loop needs between batches.
     served.runtime_config = {"allow_spinning": False}

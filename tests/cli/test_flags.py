@@ -147,3 +147,26 @@ def test_an_output_lto_cannot_write_is_refused_before_any_work(
         proc = run_cli(*command, "-o", path)
         assert_clean_error(proc, 2, f"-o {path}", cause)
         assert "measuring" not in proc.stderr and "baseline" not in proc.stderr  # refused first
+
+
+@pytest.mark.slow
+def test_every_command_that_reads_an_artifact_takes_the_folder_the_same_way(tmp_path: Path) -> None:
+    """The folder `lto optimize -o` wrote, given positionally to each command (serve used to say
+    "model not found", inspect and report refused folders, export took no --artifact)."""
+    art = tmp_path / "art"
+    made = run_cli("optimize", "sample_models/mlp_small.onnx", "--time-budget", "5s", "-o", art)
+    assert made.returncode == 0, made.stderr
+    commands = {
+        "bench": ["bench", art, "--time", "0.3"],
+        "inspect": ["inspect", art],
+        "report": ["report", art],
+        "export": ["export", art, "--triton", tmp_path / "repo"],
+        "load": ["load", art, "--requests", "5"],
+        "serve": ["serve", art, "--port", "0", "--validate", "--requests", "5"],
+    }
+    for name, args in commands.items():
+        proc = run_cli(*args, timeout=180)
+        assert proc.returncode == 0, (name, proc.stdout[-2000:], proc.stderr[-2000:])
+    # --artifact DIR, where a command has it, reads the same folder.
+    assert run_cli("export", "--artifact", art, "--triton", tmp_path / "repo2").returncode == 0
+    assert run_cli("bench", "--artifact", art, "--time", "0.3").returncode == 0
