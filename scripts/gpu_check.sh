@@ -65,7 +65,7 @@ if [ "$rc" -ne 0 ]; then
     failed=1
 elif grep -q "SKIPPED.*needs an NVIDIA GPU" "$OUT/gpu-tests.txt"; then
     # On a GPU machine the GPU-only tests must run; a skip means TensorRT or cuda-python is missing.
-    echo "GPU tests were SKIPPED: install the GPU extra (see the README's GPU section)" | tee -a "$SUMMARY"
+    echo "GPU tests were SKIPPED: install the GPU extra (see docs/gpu.md)" | tee -a "$SUMMARY"
     failed=1
 else
     echo "GPU tests passed: $(tail -n 1 "$OUT/gpu-tests.txt")" >> "$SUMMARY"

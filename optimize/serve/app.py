@@ -146,7 +146,7 @@ def run_serve(
         sys.stdout.flush()
         if validate is None:
             return None
-        return _validate_child(running, served.label, validate, console)
+        return _validate_child(running, served.label, validate, console, served_shapes(served, shapes))
 
     async def main(poller: PollingSelector | None) -> int | None:
         try:
@@ -163,14 +163,37 @@ def run_serve(
     return 0 if code is None else code
 
 
-def validate_command(url: str, name: str, options: LoadOptions) -> list[str]:
-    """The `lto load` arguments `serve --validate` runs, echoed whole so the line can be pasted."""
-    return ["load", url, "--model", name, *options.cli_args()]
+def validate_command(
+    url: str, name: str, options: LoadOptions, shapes: dict[str, tuple[int, ...]] | None = None
+) -> list[str]:
+    """The `lto load` arguments `serve --validate` runs, echoed whole so the line can be pasted:
+    with the shapes the server was given or the artifact was optimized for (a client cannot read
+    pinned dims from the server's metadata, which keeps them dynamic)."""
+    pins = [
+        arg for n, shape in (shapes or {}).items() for arg in ("--shape", f"{n}={'x'.join(map(str, shape))}")
+    ]
+    return ["load", url, "--model", name, *pins, *options.cli_args()]
 
 
-async def _validate_child(running: RunningServer, name: str, options: LoadOptions, console: Console) -> int:
+def served_shapes(served: RuntimeModel, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The inputs' shapes a client should send: the --shape pins given, else the artifact's own."""
+    if shapes:
+        return dict(shapes)
+    spec = served.input_spec or {}
+    return {
+        str(t["name"]): tuple(int(d) for d in t["shape"]) for t in spec.get("inputs", []) if t.get("shape")
+    }
+
+
+async def _validate_child(
+    running: RunningServer,
+    name: str,
+    options: LoadOptions,
+    console: Console,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+) -> int:
     """`lto load` in its own process, so that the generator and the server do not share a GIL."""
-    args = validate_command(running.url, name, options)
+    args = validate_command(running.url, name, options, shapes)
     console.print(f"[dim]validating: lto {shlex.join(args)}[/]", highlight=False)
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "optimize", *args)
     try:

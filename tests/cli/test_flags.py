@@ -118,8 +118,9 @@ def test_the_budget_countdown_is_read_at_each_refresh_and_says_when_it_runs_over
 
 
 def test_load_given_host_port_without_a_scheme_suggests_the_url() -> None:
-    assert_clean_error(run_cli("load", "localhost:18081", "--requests", "5"), 2,
-                       "localhost:18081 is not a file; it looks like a server address", "http://localhost:18081")  # fmt: skip
+    proc = run_cli("load", "localhost:18081", "--requests", "5")
+    assert_clean_error(proc, 2, "localhost:18081 is not a file; it looks like a server address")
+    assert "http://localhost:18081" in proc.stderr
     from optimize.cli.load_cmd import looks_like_host_port
 
     assert looks_like_host_port("10.0.0.5:8000") and looks_like_host_port("[::1]:8000")

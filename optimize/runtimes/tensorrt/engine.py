@@ -48,7 +48,7 @@ def rtx_target(trt: Any, cc: tuple[int, int]) -> Any:
     return getattr(trt.ComputeCapability, f"SM{cc[0]}{cc[1]}", None)
 
 
-INSTALL_HINT = "install the GPU extra: pip install 'lto-onnx[gpu]' (see the README's GPU section)"
+INSTALL_HINT = "install the GPU extra: pip install 'lto-onnx[gpu]' (see docs/gpu.md)"
 
 
 class EngineBuildError(LtoError):
