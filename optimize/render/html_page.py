@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,15 @@ def render_html(
 
     text = markdown if markdown is not None else render_markdown(report)
     plots = report_plots(report) if plots is None else plots
-    # The plots go after the header bullets, before the first section.
-    cut = text.find("\n## ")
+    # The plots go after the summary and the header bullets, before the first section of details.
+    cut = next(
+        (
+            m.start()
+            for m in re.finditer(r"\n## ", text)
+            if not text.startswith(("\n## Summary", "\n## Run"), m.start())
+        ),
+        -1,
+    )
     head, rest = (text, "") if cut < 0 else (text[:cut], text[cut:])
     figures = "".join(figure_html(p) for p in plots)
     section = f"<h2>Plots</h2>\n{figures}\n" if figures else ""

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from optimize.render.common import comparison_lines, gate_rows, unstable_inputs
-from optimize.render.optimize_section import render_markdown_section
+from optimize.render.optimize_section import render_markdown_section, summary_lines
 
 # (section, whole report) -> Markdown. The report is passed because some sections need its
 # top-level fields (a load section shows the report's `settings`).
@@ -20,6 +20,14 @@ SectionRenderer = Callable[[Mapping[str, Any], Mapping[str, Any]], str]
 
 def _ms(value: float) -> str:
     return f"{value:.3f}"
+
+
+def _source(tensor: Mapping[str, Any], spec: Mapping[str, Any]) -> str:
+    """Where a timed input's values came from, in words."""
+    if tensor.get("source") == "file":
+        return f"from {spec.get('data_file') or 'a file'}"
+    note = tensor.get("note") or tensor.get("generator") or "generated"
+    return f"generated: {note}, seed {spec.get('seed', 0)}"
 
 
 def measurement_rows(results: list[dict[str, Any]]) -> list[str]:
@@ -45,6 +53,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     env = report["environment"]
     cpu = env["cpu"]
     lines = [f"# lto {report['kind']} report", ""]
+    section = report.get("optimize")
+    if report["kind"] == "optimize" and isinstance(section, Mapping):
+        lines += summary_lines(section, str((report.get("model") or {}).get("path", "MODEL")))
+        if lines[-2:] != ["", ""] and len(lines) > 2:
+            lines += ["## Run", ""]
     lines.append(f"- created: {report['created_at']} by lto {report['tool']['version']}")
     if report["tool"].get("command"):
         lines.append(f"- command: `{report['tool']['command']}`")
@@ -64,9 +77,14 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         lines.append(f"- GPU: {env['gpu']}")
     spec = report.get("input_spec")
     if spec:
-        desc = ", ".join(f"{t['name']} {t['dtype']}[{'x'.join(map(str, t['shape']))}] ({t['source']})"
+        desc = ", ".join(f"{t['name']} {t['dtype']}[{'x'.join(map(str, t['shape']))}] ({_source(t, spec)})"
                          for t in spec["inputs"])  # fmt: skip
-        lines.append(f"- inputs: {desc}")
+        lines.append(f"- timed on: {desc}")
+    judged = (
+        ((section or {}).get("accuracy") or {}).get("sample_source") if isinstance(section, Mapping) else None
+    )
+    if judged:
+        lines.append(f"- accuracy judged on: {judged}")
     if report["results"]:
         lines += ["", "## Latency", "", *measurement_rows(report["results"])]
         lines += [

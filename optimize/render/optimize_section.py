@@ -177,6 +177,131 @@ def evidence_lines(section: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+_RUNTIMES = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO", "tvm": "TVM", "tensorrt": "TensorRT"}
+_NUMERICS = {
+    "exact": "fp32, exactly the original's numbers",
+    "reassociated": "fp32, the same maths in another order",
+    "reduced": "reduced precision",
+    "quantized": "quantized",
+}
+
+
+def _accuracy_words(acc: Mapping[str, Any]) -> str:
+    """Each output's task metric and value, with its threshold: what the judging rows showed."""
+    th = acc.get("thresholds") or {}
+    parts = []
+    for name, fig in (acc.get("per_output") or {}).items():
+        metric = fig.get("metric")
+        shown = []
+        if "mask_iou" in fig:
+            shown.append(f"mask IoU {fig['mask_iou']:.3f} (>= {th.get('min_mask_iou')})")
+        if "top1_agreement_tolerant" in fig:
+            shown.append(f"top-1 agreement {fig['top1_agreement_tolerant']:.3f} (>= {th.get('min_top1')})")
+        if "embedding_cosine" in fig:
+            shown.append(f"embedding cosine {fig['embedding_cosine']:.5f} (>= {th.get('min_cosine')})")
+        if "decode_agreement" in fig:
+            shown.append(f"CTC decode equal {fig['decode_agreement']:.3f} (>= {th.get('min_ctc')})")
+        if "detection_agreement" in fig:
+            shown.append(
+                f"detection agreement {fig['detection_agreement']:.3f} (>= {th.get('min_detection')})"
+            )
+        if not shown and isinstance(fig.get("cosine"), (int, float)):
+            shown.append(f"cosine {fig['cosine']:.5f}")
+        if fig.get("passed_by"):
+            shown.append(fig["passed_by"])
+        parts.append(f"`{name}` ({metric}): {', '.join(shown) or 'compared'}")
+    return "; ".join(parts)
+
+
+def summary_lines(section: Mapping[str, Any], model_path: str) -> list[str]:
+    """What shipped, how much faster with its interval, the accuracy evidence, what was left out
+    and what would unlock it, and the commands to use it next: the answer, before the details."""
+    if section.get("partial") or "verdict" not in section:
+        return []
+    best = section.get("best") or {}
+    out = str(section.get("artifact", "OUT"))
+    runtime = _RUNTIMES.get(str(best.get("backend")), str(best.get("backend")))
+    numerics = _NUMERICS.get(str(best.get("numerics")), str(best.get("numerics")))
+    slo, shi = section["speedup_ci95"]
+    stages = section.get("stages") or []
+    base = next((r for r in stages if r.get("status") == "baseline"), {})
+    metric = (section.get("target") or {}).get("percentile", "p50")
+    if best.get("label") == "baseline":
+        head = (
+            f"**Shipped the original model**, on ONNX Runtime defaults: no candidate was both "
+            f"accurate and faster on this machine (p50 {section['target']['best_ms']:.3f} ms)."
+        )
+    else:
+        row = next((r for r in reversed(stages) if r.get("label") == best.get("label")), {})
+        ms = (row.get("latency_ms") or {}).get(metric)
+        base_ms = row.get("baseline_ms") or (base.get("latency_ms") or {}).get(metric)
+        figures = f": {metric} {ms:.3f} ms against {base_ms:.3f} ms" if ms and base_ms else ""
+        head = (
+            f"**Shipped `{best.get('label')}`**: {runtime}, {best.get('precision')} ({numerics}), "
+            f"**{section['speedup']:.2f}x** faster than ONNX Runtime defaults (95% CI {slo:.2f}–{shi:.2f}"
+            f"{figures}, side by side, each in its own process)."
+        )
+    lines = ["## Summary", "", head, ""]
+    acc = section.get("accuracy") or {}
+    evidence = acc.get("evidence") or {}
+    source = acc.get("sample_source") or "?"
+    tell = (
+        "these rows can tell a right candidate from a wrong one"
+        if evidence.get("can_tell")
+        else (f"these rows cannot verify a reduced or quantized candidate: {evidence.get('why_not')}")
+    )
+    lines.append(f"- **Accuracy**, judged on {source}: {_accuracy_words(acc) or 'reference'}; {tell}.")
+    target = section.get("target") or {}
+    if target.get("ms") is None:
+        lines.append("- **Target**: none given (`--target-ms` sets one).")
+    else:
+        met = "met" if target.get("met") else "**missed**"
+        lo, hi = target["best_ms_ci95"]
+        lines.append(
+            f"- **Target** {target['percentile']} <= {target['ms']:g} ms: {met} "
+            f"({target['best_ms']:.3f} ms, 95% CI {lo:.3f}–{hi:.3f})."
+        )
+    unverified = section.get("unverified")
+    if unverified:
+        fastest = unverified["candidates"][0]
+        lines.append(
+            f"- **Left out**: {len(unverified['candidates'])} faster candidate(s) the rows could not verify "
+            f"(fastest: `{fastest['label']}` at {fastest['speedup']:.2f}x); to verify them, give "
+            f"{unverified['needs']}: `{unverified['command']}`."
+        )
+    else:
+        inaccurate = sum(
+            1 for r in stages if r.get("status") == "rejected" and "inaccurate" in str(r.get("reason"))
+        )
+        lines.append(
+            "- **Left out**: nothing faster that the rows could not verify"
+            + (f"; {inaccurate} candidate(s) failed the accuracy gate (table below)." if inaccurate else ".")
+        )
+    found, elapsed = section.get("time_to_best_s", 0), section.get("elapsed_s", 0)
+    lines.append(
+        f"- **Found** after {found:.0f} s of a {elapsed:.0f} s "
+        f"run; exit code {section.get('exit_code')} ({section.get('verdict')})."
+    )
+    lines += ["", "**Next**", "", "```bash",
+              f"lto bench {out} --compare {model_path}   # the speedup, measured again here",
+              f"lto serve {out} --port 8000   # a KServe v2 HTTP endpoint with dynamic batching",
+              f"lto export {out} --triton models/   # a Triton model repository, a KServe service",
+              "```", ""]  # fmt: skip
+    use = f'In Python, `optimize.load("{out}")` runs it with the settings lto measured.'
+    if best.get("backend") == "openvino":
+        config = best.get("runtime_config") or {}
+        settings = {k: v for k, v in config.items() if v is not None}
+        use += (
+            f" It is an OpenVINO IR (`{out}/model.xml` + `model.bin`): OpenVINO runs it as "
+            f'`openvino.Core().compile_model("{out}/model.xml", "CPU", {settings})` '
+            "(the settings are also in `manifest.json`)."
+        )
+    elif best.get("backend") == "onnxruntime":
+        use += f" It is an ONNX model (`{out}/model.onnx`); its session settings are in `manifest.json`."
+    lines += [use, ""]
+    return lines
+
+
 def render_markdown_section(section: Mapping[str, Any]) -> str:
     """The optimize part of report.md (called by optimize.report.render_markdown)."""
     lines = ["## Optimization", ""]

@@ -121,6 +121,10 @@ def test_with_no_data_a_faster_int8_is_measured_listed_and_not_shipped(tmp_path:
     assert manifest["numerics"] == "exact"
     md = (tmp_path / "out" / "report.md").read_text()
     assert "Faster candidates not shipped" in md and "--eval-data EVAL.npz" in md
+    # The summary leads with the answer: the original shipped, what was left out, what would verify it.
+    summary = md[md.index("## Summary") : md.index("## Run")]
+    assert "**Shipped the original model**" in summary
+    assert "**Left out**: 1 faster candidate(s)" in summary and "--eval-data EVAL.npz" in summary
 
 
 @pytest.mark.parametrize(

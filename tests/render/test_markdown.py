@@ -143,7 +143,7 @@ def test_lto_report_renders_every_kind_as_markdown_with_its_numbers(
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     assert text.startswith(f"# lto {kind} report\n")
-    assert "```" not in text, "a section fell back to raw JSON"
+    assert "```json" not in text and "\n{" not in text, "a section fell back to raw JSON"
     assert f"- model: `{data['model']['path']}`" in text
     for m in data["results"]:  # every measurement's row, with its p50
         assert (
@@ -159,6 +159,9 @@ def test_lto_report_renders_every_kind_as_markdown_with_its_numbers(
         assert "## Optimization" in text
         assert f"**{section['verdict']}** (exit code {section['exit_code']})" in text
         assert f"**{section['speedup']:.2f}x**" in text
+        # The answer comes first: what shipped, how much faster, then the run's details.
+        assert text.index("## Summary") < text.index("## Run") < text.index("## Optimization")
+        assert "**Next**" in text and f"lto serve {section['artifact']}" in text
     elif kind == "load":
         run = data["load"]["runs"][0]
         verdict = data["load"]["verdict"]
