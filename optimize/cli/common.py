@@ -63,7 +63,7 @@ JsonOption = typer.Option(False, "--json", help="Print machine-readable JSON ins
 
 # Units in help texts, one wording for every command (parsers: optimize/units.py).
 DURATION_UNITS_HELP = "90s, 1.5s, 10m, 1h30m; a bare number is seconds"
-PERCENTILE_UNITS_HELP = "p50, p90, p99, p99.9; a bare number such as 99 is still accepted"
+PERCENTILE_UNITS_HELP = "p50, p90, p95, p99, p99.9; a bare number such as 99 is still accepted"
 
 _T = TypeVar("_T")
 

@@ -13,9 +13,8 @@ import typer
 from optimize import interrupts
 from optimize.cli.common import (
     DURATION_UNITS_HELP,
+    INPUT_DATA_HELP,
     SHAPE_HELP,
-    InputDataOption,
-    JsonOption,
     command_started,
     console,
     err_console,
@@ -32,6 +31,11 @@ from optimize.units import clock_text, limit_parser, percentile_key_parser
 
 if TYPE_CHECKING:
     from optimize.pipeline.record import StageRecord
+
+COMMON = "Common"
+SEARCH = "The search"
+ACCURACY = "Inputs and accuracy"
+TVM = "TVM tuning"
 
 EPILOG = """
 [bold]Examples[/]
@@ -92,30 +96,31 @@ def optimize_command(
         None,
         "--target-ms",
         help="Latency target in milliseconds at --target-percentile and the pinned batch.",
+        rich_help_panel=COMMON,
     ),
     target_percentile: str = typer.Option(
         "p50",
         "--target-percentile",
         parser=percentile_key_parser("--target-percentile"),
         metavar="PERCENTILE",
-        help="Which latency the target applies to: p50, p90, p95 or p99 (a bare 99 is still accepted).",
+        help="Which latency the target applies to: p50, p90, p95, p99 or p99.9",
+        rich_help_panel=SEARCH,
     ),
     recipe: str | None = typer.Option(
         None,
         "--recipe",
         help="Recipe name (default, transformer, cnn, strict) or a .toml path; default: by model kind.",
+        rich_help_panel=SEARCH,
     ),
     quantize: str = typer.Option(
-        "auto", "--quantize", help="auto: only while above the target; always; never."
+        "auto", "--quantize", help="auto: only while above the target; always; never.", rich_help_panel=SEARCH
     ),
     calib_data: Path | None = typer.Option(
         None,
         "--calib-data",
-        help="Real inputs for int8 calibration: .npz with one array per input (rows along its batch "
-        "axis, or samples on a new first axis); checked before any stage. Without --eval-data, lto "
-        "calibrates on half of the samples and judges accuracy on the other half (16+ needed). No "
-        "row both calibrates and judges.",
+        help="Real rows as .npz (one array per input): half calibrate, half judge accuracy (16+); see below",
         metavar="FILE.npz",
+        rich_help_panel=COMMON,
     ),
     shape: list[str] = typer.Option(
         [],
@@ -124,46 +129,63 @@ def optimize_command(
         help=SHAPE_HELP + " A range NAME=1x128:8x128:32x128 (min:opt:max) sets the TensorRT "
         "optimization profile; the benchmark runs at opt.",
         metavar="NAME=DxD",
+        rich_help_panel=ACCURACY,
     ),
-    input_data: Path | None = InputDataOption,
+    input_data: Path | None = typer.Option(
+        None, "--input-data", help=INPUT_DATA_HELP, metavar="FILE.npz", rich_help_panel=ACCURACY
+    ),
     batch: int = typer.Option(
         1,
         "--batch",
         "-b",
         help="Batch size for a dynamic batch dim (found from the model) --shape leaves open.",
+        rich_help_panel=ACCURACY,
     ),
     output: Path | None = typer.Option(
-        None, "--output", "-o", help="Artifact directory (default reports/<model>-<time>/)."
+        None,
+        "--output",
+        "-o",
+        help="Artifact directory (default reports/<model>-<time>/).",
+        rich_help_panel=COMMON,
     ),
     force: bool = typer.Option(
         False,
         "--force",
         help="Replace an -o folder that looks like a damaged artifact. Never replaces a folder of "
         "other files, a file, a symlink or a folder that holds the model.",
+        rich_help_panel=SEARCH,
     ),
     time_budget: float | None = typer.Option(
         None,
         "--time-budget",
         parser=limit_parser("--time-budget"),
         metavar="DURATION",
-        help=f"Bound the search: {DURATION_UNITS_HELP}, or none for the full search. Default "
-        f"{clock_text(DEFAULT_TIME_BUDGET_S)}: stages run by expected gain per second, so the likely "
-        "winners come first; stages left when it runs out are skipped.",
+        help=f"Bound the search ({DURATION_UNITS_HELP}; none: the full search). "
+        f"Default {clock_text(DEFAULT_TIME_BUDGET_S)}",
+        rich_help_panel=COMMON,
     ),
     stop_at_target: bool = typer.Option(
-        False, "--stop-at-target", help="Stop once the target is met with 95% confidence."
+        False,
+        "--stop-at-target",
+        help="Stop once the target is met with 95% confidence.",
+        rich_help_panel=SEARCH,
     ),
     fail_on_unverified: bool = typer.Option(
         False,
         "--fail-on-unverified",
         help="Exit 4 when faster reduced or quantized candidates were left out because the rows given "
         "could not verify them (by default only when a target is given that only they would meet).",
+        rich_help_panel=SEARCH,
     ),
     enable: list[str] = typer.Option(
-        [], "--enable", help="Turn on a stage the recipe has off (repeatable).", metavar="STAGE"
+        [],
+        "--enable",
+        help="Turn on a stage the recipe has off (repeatable).",
+        metavar="STAGE",
+        rich_help_panel=SEARCH,
     ),
     disable: list[str] = typer.Option(
-        [], "--disable", help="Turn off a stage (repeatable).", metavar="STAGE"
+        [], "--disable", help="Turn off a stage (repeatable).", metavar="STAGE", rich_help_panel=SEARCH
     ),
     runtime: str = typer.Option(
         "auto",
@@ -171,6 +193,7 @@ def optimize_command(
         help="CPU runtime of the candidates: auto (ONNX Runtime and OpenVINO, the faster accurate one "
         "wins), onnxruntime, or openvino. The baseline is always the original on ONNX Runtime.",
         metavar="RUNTIME",
+        rich_help_panel=SEARCH,
     ),
     search_order: str = typer.Option(
         "gain",
@@ -178,20 +201,29 @@ def optimize_command(
         help="The order stages run in: gain (the likeliest win per second first, from the corpus "
         "and this machine's past runs) or recipe (the recipe's order).",
         metavar="ORDER",
+        rich_help_panel=SEARCH,
     ),
-    tvm: bool = typer.Option(False, "--tvm", help="Same as --enable tvm-tune."),
+    tvm: bool = typer.Option(False, "--tvm", help="Same as --enable tvm-tune.", rich_help_panel=TVM),
     tvm_target: str | None = typer.Option(
         None,
         "--tvm-target",
         help="CPU to build TVM code for: an LLVM CPU name (znver3), x86-64-v3, or a JSON target. "
         "Default: this machine, validated.",
+        rich_help_panel=TVM,
     ),
-    tvm_trials: int | None = typer.Option(None, "--tvm-trials", min=1, help="TVM tuning trials in all."),
+    tvm_trials: int | None = typer.Option(
+        None, "--tvm-trials", min=1, help="TVM tuning trials in all.", rich_help_panel=TVM
+    ),
     rpc_tracker: str | None = typer.Option(
-        None, "--rpc-tracker", help="HOST:PORT of a TVM RPC tracker: measure tuning trials on its devices."
+        None,
+        "--rpc-tracker",
+        help="HOST:PORT of a TVM RPC tracker: measure tuning trials on its devices.",
+        rich_help_panel=TVM,
     ),
-    rpc_key: str | None = typer.Option(None, "--rpc-key", help="Device key on the RPC tracker."),
-    seed: int = typer.Option(0, "--seed", help="Seed for generated inputs."),
+    rpc_key: str | None = typer.Option(
+        None, "--rpc-key", help="Device key on the RPC tracker.", rich_help_panel=TVM
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed for generated inputs.", rich_help_panel=ACCURACY),
     eval_data: Path | None = typer.Option(
         None,
         "--eval-data",
@@ -199,39 +231,44 @@ def optimize_command(
         "samples stacked on a new first axis); other arrays are labels for --metric. Rows that are "
         "also --calib-data rows are not used.",
         metavar="FILE.npz",
+        rich_help_panel=ACCURACY,
     ),
     data: Path | None = typer.Option(
         None,
         "--data",
-        help="Real data instead of an .npz: a folder of images (with --preprocess), a text file of "
-        "lines (with --tokenizer), wav files, or an .npz; split into calibration and accuracy rows "
-        "like --calib-data.",
+        help="Real data: a folder of images, a text file (with --tokenizer), wav files or an .npz; "
+        "split like --calib-data",
         metavar="PATH",
+        rich_help_panel=COMMON,
     ),
     preprocess: str | None = typer.Option(
         None,
         "--preprocess",
-        help="How --data images become tensors: imagenet, unit, signed, raw or yolo, then keys "
-        "bgr, resize=stretch|crop|letterbox, scale=, mean=R:G:B, std=R:G:B, pad=; e.g. 'imagenet,bgr'.",
+        help="How images become tensors: imagenet, unit, signed, raw or yolo, then keys "
+        "(bgr, resize=, mean=, std=)",
         metavar="SPEC",
+        rich_help_panel=COMMON,
     ),
     tokenizer: Path | None = typer.Option(
         None,
         "--tokenizer",
         help="The model's tokenizer.json (Hugging Face tokenizers) for --data text lines.",
         metavar="FILE.json",
+        rich_help_panel=ACCURACY,
     ),
     min_cosine: float | None = typer.Option(
         None,
         "--min-cosine",
         help="Worst-sample, worst-slice cosine every embedding or plain float output must keep "
         "(recipe default 0.99; strict 0.99999).",
+        rich_help_panel=ACCURACY,
     ),
     min_top1: float | None = typer.Option(
         None,
         "--min-top1",
         help="Share of rows whose top-1 class a classifier output must keep, near-ties aside "
         "(recipe default 0.99).",
+        rich_help_panel=ACCURACY,
     ),
     accuracy: str | None = typer.Option(
         None,
@@ -240,6 +277,7 @@ def optimize_command(
         "also task-cosine>=, abs<=, samples=, top1-tolerance=, detection-score=, detection-iou=; "
         "rel=off switches one off.",
         metavar="SPEC",
+        rich_help_panel=ACCURACY,
     ),
     task_metric: list[str] = typer.Option(
         [],
@@ -247,6 +285,7 @@ def optimize_command(
         help="Judge output NAME by this metric instead of the one chosen from its shape: "
         "classifier, embedding, ctc, detection or none (repeatable).",
         metavar="NAME=METRIC",
+        rich_help_panel=ACCURACY,
     ),
     metric: str | None = typer.Option(
         None,
@@ -255,8 +294,11 @@ def optimize_command(
         "labels) with lists of per-sample dicts of arrays (labels: --eval-data's other arrays, or None); "
         "returns (score, passed).",
         metavar="FILE.py:FUNCTION",
+        rich_help_panel=ACCURACY,
     ),
-    json_out: bool = JsonOption,
+    json_out: bool = typer.Option(
+        False, "--json", help="Print machine-readable JSON instead of tables.", rich_help_panel=COMMON
+    ),
 ) -> None:
     """Make a model faster on this machine, stage by stage, keeping only measured, accurate wins."""
 

@@ -171,3 +171,15 @@ def test_every_command_that_reads_an_artifact_takes_the_folder_the_same_way(tmp_
     # --artifact DIR, where a command has it, reads the same folder.
     assert run_cli("export", "--artifact", art, "--triton", tmp_path / "repo2").returncode == 0
     assert run_cli("bench", "--artifact", art, "--time", "0.3").returncode == 0
+
+
+def test_optimize_help_shows_the_common_flags_first_in_one_screen() -> None:
+    proc = run_cli("optimize", "--help", env={"COLUMNS": "80"})
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    first_screen = "\n".join(lines[:40])
+    for flag in ("--target-ms", "--data", "--preprocess", "--calib-data", "--output", "--time-budget"):
+        assert flag in first_screen, flag
+    text = proc.stdout
+    assert text.index("Common") < text.index("The search") < text.index("Inputs and accuracy") < text.index("TVM")
+    assert max(len(line) for line in lines) <= 80
