@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from optimize.artifact import load_artifact
 from optimize.cli.common import JsonOption, ShapeOption, console, print_json
 from optimize.errors import UsageError
 from optimize.inputs import parse_shape_args
@@ -43,8 +44,11 @@ def artifact_model(path: Path) -> Path:
     """The ONNX file to inspect: the path itself, or an artifact folder's model (verified)."""
     if not path.is_dir():
         return path
-    from optimize.artifact import load_artifact
-
+    if not (path / "manifest.json").is_file():
+        raise UsageError(
+            f"{path} is a directory, not an ONNX file nor an artifact lto wrote (no manifest.json)",
+            "pass the .onnx file, or a folder lto optimize wrote",
+        )
     loaded = load_artifact(path)
     if loaded.model_path.suffix.lower() != ".onnx":
         raise UsageError(

@@ -177,7 +177,7 @@ class Pipeline:
         record.log(order.plan_line(self.plan, self.record.model_kind, self.cpu))
         with evaluator:
             base_meas = evaluator.start_baseline()
-            record.results.append(base_meas.to_json())
+            record.results.append({**base_meas.to_json(), "label": "baseline (alone, at the start)"})
             record.became_best("baseline")
             record.add(
                 StageRecord(
