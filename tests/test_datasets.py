@@ -56,6 +56,9 @@ def test_a_folder_of_images_becomes_one_row_per_image_preprocessed_as_asked(tmp_
     model = image_model(tmp_path / "m.onnx", [1, 3, 16, 16])
     rows = _read(model, _images(tmp_path / "photos", 18), preprocess="imagenet")
     assert len(rows.samples) == 18 and rows.flag == "--data" and rows.restacked
+    # How many samples the images became is information for the log, not a warning.
+    assert rows.notes == ["rows: --data photos: 18 image(s) became 18 samples"]
+    assert not any("became" in w for w in rows.warnings)
     red = rows.samples[0]["x"]
     assert red.shape == (1, 3, 16, 16) and red.dtype == np.float32
     # Pure red with ImageNet mean/std: (1 - 0.485) / 0.229 on R, (0 - mean) / std elsewhere.

@@ -181,5 +181,26 @@ def test_optimize_help_shows_the_common_flags_first_in_one_screen() -> None:
     for flag in ("--target-ms", "--data", "--preprocess", "--calib-data", "--output", "--time-budget"):
         assert flag in first_screen, flag
     text = proc.stdout
-    assert text.index("Common") < text.index("The search") < text.index("Inputs and accuracy") < text.index("TVM")
+    assert (
+        text.index("Common")
+        < text.index("The search")
+        < text.index("Inputs and accuracy")
+        < text.index("TVM")
+    )
     assert max(len(line) for line in lines) <= 80
+
+
+def test_a_percentile_outside_the_one_set_is_echoed_as_written() -> None:
+    proc = run_cli("optimize", "sample_models/mlp_small.onnx", "--target-percentile", "99.5")
+    assert_clean_error(proc, 2, "--target-percentile p99.5 is not one lto reports", "p99.9")
+    assert "p995" not in proc.stderr and "'p999'" not in proc.stderr
+    from optimize.units import parse_percentile_key
+
+    assert parse_percentile_key("p99.9", "--x") == "p999"  # the report key; people read p99.9
+
+
+@pytest.mark.slow
+def test_each_warning_is_printed_once(tmp_path: Path) -> None:
+    proc = run_cli("optimize", "sample_models/mlp_small.onnx", "--time-budget", "5s", "-o", tmp_path / "a")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("warning: no reduced or quantized candidate can ship") == 1

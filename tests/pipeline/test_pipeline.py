@@ -913,3 +913,26 @@ def test_a_runtime_failure_keeps_its_cause_in_the_reason_and_its_whole_text_in_t
     assert "core.cpp" not in row.reason  # the lines that only say where it was raised are dropped
     stage = next(s for s in result.report["optimize"]["stages"] if s["label"] == "fake-raises")
     assert stage["details"]["error_text"] == OPENVINO_FAILURE.strip()
+
+
+def test_a_stage_line_names_the_stage_once() -> None:
+    from optimize.pipeline.loop import _named
+
+    # "openvino-convert: openvino-convert:bf16: inaccurate ..." named the stage twice.
+    assert (
+        _named("openvino-convert", "openvino-convert:bf16: inaccurate") == "openvino-convert:bf16: inaccurate"
+    )
+    assert _named("quantize", "7 point(s) to search") == "quantize: 7 point(s) to search"
+
+
+def test_the_latency_plot_draws_the_baseline_and_the_artifact(tmp_path: Path) -> None:
+    """The first plot drew only the baseline: the final pair's labels no longer matched."""
+    from optimize.render.plots import report_plots
+
+    stages: dict[str, Any] = {"fake-fast": FakeStage(model_candidate("fake-fast", extra_work=2))}
+    result, _ = run_fake(tmp_path, stages, {"fake-fast": 0.5})
+    cdf = next(p for p in report_plots(result.report) if p.name == "latency_cdf")
+    assert "baseline (final comparison)" in cdf.caption and "fake-fast (final comparison)" in cdf.caption
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "- timed on: x float32" in md and "(generated: " in md
+    assert "- accuracy judged on: generated" in md
