@@ -273,8 +273,8 @@ def optimize_command(
     accuracy: str | None = typer.Option(
         None,
         "--accuracy",
-        help="Thresholds in one spec, e.g. 'cosine>=0.99,top1>=0.99,ctc>=0.99,detection>=0.9,rel<=0.05'; "
-        "also task-cosine>=, abs<=, samples=, top1-tolerance=, detection-score=, detection-iou=; "
+        help="Thresholds in one spec, e.g. 'cosine>=0.99,top1>=0.99' (keys: cosine, task-cosine, top1, "
+        "top1-tolerance, ctc, detection, detection-score, detection-iou, mask, rel, abs, samples); "
         "rel=off switches one off.",
         metavar="SPEC",
         rich_help_panel=ACCURACY,
