@@ -657,24 +657,35 @@ class Pipeline:
         return PipelineResult(report, record.records, best, exit_code, record.out_dir, verdict)
 
     def _stage_runs(self, best: Candidate, original: Candidate, speedup: float) -> list[order.StageRun]:
-        """What each stage that measured or failed did in this run, for the history."""
+        """What each stage that measured or failed did in this run, for the history: whether it
+        won, and every candidate it measured with its speedup and verdict."""
         record = self.record
         winner = next(
             (r.stage for r in reversed(record.records) if r.label == best.label and r.status == "kept"), None
         )
         ran = {r.stage for r in record.records if r.status not in (Status.SKIPPED, Status.BASELINE)}
-        return [
-            order.StageRun(
-                kind=record.model_kind,
-                cpu=self.cpu,
-                stage=name,
-                ran_s=seconds,
-                won=best is not original and name == winner,
-                gain=speedup if best is not original and name == winner else None,
+        shipped = speedup if best is not original else 1.0
+        runs = []
+        for name, seconds in record.stage_seconds.items():
+            if name not in ran:
+                continue
+            rows = [r for r in record.records if r.stage == name and r.status != Status.SKIPPED]
+            measured = tuple((r.label, r.speedup, r.outcome().value) for r in rows)
+            unverified = [r.speedup for r in rows if r.status == Status.UNVERIFIED and r.speedup]
+            fastest = max(unverified, default=None)
+            runs.append(
+                order.StageRun(
+                    kind=record.model_kind,
+                    cpu=self.cpu,
+                    stage=name,
+                    ran_s=seconds,
+                    won=best is not original and name == winner,
+                    gain=speedup if best is not original and name == winner else None,
+                    measured=measured,
+                    unverified_gain=fastest if fastest is not None and fastest > shipped else None,
+                )
             )
-            for name, seconds in record.stage_seconds.items()
-            if name in ran
-        ]
+        return runs
 
     def _unverified_section(
         self, baseline: Baseline, candidates: list[dict[str, Any]]

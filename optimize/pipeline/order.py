@@ -76,6 +76,7 @@ class Odds:
     gain: float  # the artifact's speedup over ONNX Runtime defaults when it won (geometric mean)
     cost_s: float  # seconds it ran (median)
     source: str  # "corpus", "corpus + 3 runs here", "no record"
+    runs_here: int = 0  # runs on this machine, for this kind of model, in which the stage ran
 
     @property
     def p_win(self) -> float:
@@ -117,10 +118,20 @@ class StageRun:
     ran_s: float
     won: bool
     gain: float | None  # the artifact's speedup when this stage won
+    # Every candidate it measured: its speedup over ONNX Runtime defaults and its verdict (kept,
+    # slower, inaccurate, unverified, failed). A history that kept wins only forgot that a stage's
+    # candidate was the fastest of the run but could not be verified on the rows given.
+    measured: tuple[tuple[str, float | None, str], ...] = ()
+    # The speedup of its fastest unverified candidate when that beat what shipped: a win the data
+    # could not confirm, which must not count against the stage.
+    unverified_gain: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "cpu": self.cpu, "stage": self.stage, "ran_s": round(self.ran_s, 1),
-                "won": self.won, "gain": self.gain}  # fmt: skip
+                "won": self.won, "gain": self.gain,
+                "measured": [{"label": label, "speedup": None if speedup is None else round(speedup, 4),
+                              "verdict": verdict} for label, speedup, verdict in self.measured],
+                "unverified_gain": self.unverified_gain}  # fmt: skip
 
 
 def load_priors(path: Path | None = None) -> list[dict[str, Any]]:
@@ -198,16 +209,20 @@ def odds_for(
     for h in here:
         tried += 1
         costs.append(float(h.get("ran_s") or 0.0))
-        if h.get("won") and h.get("gain"):
+        # A candidate faster than what shipped that the rows could not verify counts as the win
+        # it may be: given rows that can tell, the next run should try the stage first.
+        gain = h.get("gain") if h.get("won") else h.get("unverified_gain")
+        if gain:
             won += 1
-            log_gain += math.log(max(float(h["gain"]), 1e-9))
+            log_gain += math.log(max(float(gain), 1e-9))
     if not rows and not here:
         return Odds(stage, 0.0, 0.0, UNKNOWN_GAIN, UNKNOWN_COST_S, "no record")
     gain = math.exp(log_gain / won) if won else NEVER_WON_GAIN
     source = where if rows else ""
     if here:
         source = f"{source} + {len(here)} run(s) here" if source else f"{len(here)} run(s) here"
-    return Odds(stage, tried, won, gain, statistics.median(costs) if costs else UNKNOWN_COST_S, source)
+    cost = statistics.median(costs) if costs else UNKNOWN_COST_S
+    return Odds(stage, tried, won, gain, cost, source, runs_here=len(here))
 
 
 def plan(
@@ -236,7 +251,11 @@ def rank(planned: Sequence[tuple[StageSpec, Odds]], best: float) -> list[tuple[S
 
 
 def not_worth_reason(odds: Odds, best: float) -> str:
-    """Why, under the default time budget, a stage is not run ("" when it is)."""
+    """Why, under the default time budget, a stage is not run ("" when it is). A stage never run
+    here on this kind of model is run: the corpus prior was measured on another machine, whose
+    CPU class may hide what this one does (AMX bf16 against Zen 4's vector bf16)."""
+    if odds.runs_here == 0:
+        return ""
     expected = odds.expected_gain(best)
     if expected >= MIN_EXPECTED_GAIN:
         return ""

@@ -204,9 +204,11 @@ def run_fake(
     extra_recipe: str = "",
     bench: FakeBench | None = None,
     progress: Progress | None = None,
+    model: Path | None = None,
     **request_kw: Any,
 ) -> tuple[PipelineResult, FakeBench]:
-    model = make_matmul_model(tmp_path / "tiny.onnx")
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    model = model or make_matmul_model(tmp_path / "tiny.onnx")
     recipe = write_recipe(tmp_path, list(stages), extra_recipe)
     bench = bench or FakeBench({"baseline": 1.0, **speeds})
 
