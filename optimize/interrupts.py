@@ -63,6 +63,7 @@ def install_handlers() -> None:
         return
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _raise)
+    ensure_signal_stack()  # before any native library saves the one it finds (see below)
 
 
 def set_activity(text: str) -> None:
@@ -72,3 +73,47 @@ def set_activity(text: str) -> None:
 
 def activity() -> str | None:
     return _activity[0] if _activity else None
+
+
+# --- the signal stack Python's handlers run on ---------------------------------------------------
+#
+# CPython installs its signal handlers with SA_ONSTACK: they run on the thread's alternate signal
+# stack when it has one. OpenVINO's CPU plugin gives the thread that creates it an alternate
+# stack of its own (an anonymous mapping) and, when released, puts back the one it found. Released
+# out of order (plugin A, then B, A released, then B), the last one puts back A's stack, which is
+# unmapped by then: the next Ctrl-C or SIGTERM makes the kernel raise SIGSEGV instead of running
+# the handler (measured 2026-12-06, OpenVINO 2026.4: two Cores compiled and released in that order,
+# then SIGINT: exit 139). lto points the main thread's signal stack back at one of its own, mapped
+# for the process's life, after any work that may have loaded or released a plugin.
+
+_SIGNAL_STACK_BYTES = 256 * 1024
+_signal_stack: list[object] = []  # the mapping, kept alive with the process
+
+
+def ensure_signal_stack() -> bool:
+    """Point the calling thread's alternate signal stack at lto's own when it points elsewhere
+    (Linux; only the main thread runs Python's handlers' C part for the signals lto handles).
+    Returns whether it had to be reset."""
+    import sys
+
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return False
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class StackT(ctypes.Structure):
+        _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
+
+    if not _signal_stack:
+        area = mmap.mmap(-1, _SIGNAL_STACK_BYTES)
+        _signal_stack[:] = [area, ctypes.addressof(ctypes.c_char.from_buffer(area))]
+    ours = int(_signal_stack[1])  # type: ignore[call-overload]
+    current = StackT()
+    if libc.sigaltstack(None, ctypes.byref(current)) != 0:
+        return False
+    if current.ss_sp == ours and current.ss_size == _SIGNAL_STACK_BYTES:
+        return False
+    wanted = StackT(ours, 0, _SIGNAL_STACK_BYTES)
+    return libc.sigaltstack(ctypes.byref(wanted), None) == 0

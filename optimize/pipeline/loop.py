@@ -19,6 +19,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from optimize import interrupts
 from optimize.accuracy import MetricError, accuracy_json
 from optimize.artifact import write_artifact
 from optimize.bench import BenchSettings, Comparison, Measurement
@@ -288,6 +289,7 @@ class Pipeline:
     ) -> StageRecord:
         """Check and time `cand` against the best so far; a kept one becomes the best."""
         row, worker, accuracy = evaluator.evaluate(spec.name, cand)
+        interrupts.ensure_signal_stack()  # the candidate ran here to be checked (interrupts.py)
         row.elapsed_s = time.monotonic() - t_stage
         self.record.add(row)
         if worker is not None and row.speedup is not None:  # kept: the worker is now the best's
@@ -495,6 +497,8 @@ class Pipeline:
             while True:
                 with _working_directory(workdir):
                     cand = next(produced, None)
+                # A stage's native libraries may leave the signal stack unmapped (interrupts.py).
+                interrupts.ensure_signal_stack()
                 if cand is None:
                     return
                 # A path relative to the stage's directory stays valid outside it.

@@ -31,6 +31,7 @@ from optimize.backend import Backend, TensorSpec
 from optimize.env import check_thread_count
 from optimize.errors import BackendUnavailable, ModelError, UsageError, message_line
 from optimize.inputs import model_input_specs
+from optimize.interrupts import ensure_signal_stack
 from optimize.onnx_file import load_model
 
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -198,6 +199,8 @@ class OpenVinoBackend(Backend):
             self.compiled = core.compile_model(model, "CPU", compile_properties(self.effective))
         except Exception as exc:
             raise ModelError(f"openvino cannot compile {self.model_path.name}: {message_line(exc)}") from exc
+        finally:
+            ensure_signal_stack()  # the CPU plugin swaps the thread's signal stack (interrupts.py)
         self._request = self.compiled.create_infer_request()
 
     @property
@@ -241,6 +244,8 @@ class OpenVinoBackend(Backend):
     def close(self) -> None:
         self._request = None
         self.compiled = None
+        # A released plugin may put back a signal stack that is already unmapped (interrupts.py).
+        ensure_signal_stack()
 
 
 __all__ = ["DEFAULT_CONFIG", "OpenVinoBackend", "check_config", "has_bf16"]

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from optimize.interrupts import ensure_signal_stack
 from optimize.runtimes.quantization import channel_error
 
 # OpenVINO op types whose inputs NNCF quantizes (the ones an IgnoredScope entry helps).
@@ -85,6 +86,7 @@ def _probe(model: Any, keys: Sequence[str], samples: Sequence[Mapping[str, np.nd
     compiled = ov.Core().compile_model(
         model, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
     )
+    ensure_signal_stack()  # the CPU plugin swaps the thread's signal stack (optimize/interrupts.py)
     request = compiled.create_infer_request()
     results = []
     for sample in samples:
