@@ -43,6 +43,8 @@ def _commands(block: str) -> Iterator[str]:
         line = raw.strip()
         if line.startswith("$ "):
             line = line[2:]
+        if line.startswith("validating: lto "):  # the load `lto serve --validate` echoes
+            line = line.removeprefix("validating: ")
         if not line.startswith("lto ") and "&& lto " not in line:
             continue
         line = line[line.index("lto ") :]

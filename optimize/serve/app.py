@@ -15,7 +15,7 @@ import numpy as np
 
 from optimize.backend import TensorSpec
 from optimize.errors import LtoError, UsageError, message_line
-from optimize.inputs import resolve_inputs
+from optimize.inputs import InputSpec, load_samples, resolve_inputs
 from optimize.runtime_model import RuntimeModel
 from optimize.serve import polling
 from optimize.serve.batcher import Batcher, BatcherConfig
@@ -241,8 +241,27 @@ async def _remote_target(
             for d, n in zip(item["shape"], names, strict=False)
         )
         specs.append(TensorSpec(item["name"], dtype, dims))
-    spec, feeds = resolve_inputs("remote-model", shapes, input_data, seed=seed, batch=1, specs=specs)
-    return HttpEndpoint(base, model, feeds), spec.to_json()
+    spec, rows = load_rows("remote-model", specs, shapes, input_data, seed)
+    return HttpEndpoint(base, model, rows), spec.to_json()
+
+
+def load_rows(
+    model_path: str | Path,
+    specs: list[TensorSpec],
+    shapes: dict[str, tuple[int, ...]],
+    input_data: Path | None,
+    seed: int,
+) -> tuple[InputSpec, list[dict[str, np.ndarray]]]:
+    """The requests a load sends: generated inputs (one request, sent again and again), or every
+    sample of --input-data (rows along the batch axis, or samples on a new first axis), sent in
+    turn so that a load replays real rows."""
+    spec, first = resolve_inputs(
+        model_path, shapes, input_data, seed=seed, batch=1, specs=specs, first_rows=input_data is not None
+    )
+    if input_data is None:
+        return spec, [first]
+    samples = load_samples(input_data, specs, first, "--input-data").samples
+    return spec, samples or [first]
 
 
 def run_load_command(
@@ -282,18 +301,15 @@ def run_load_command(
                 spec_json = served.input_spec
                 feeds = {k: v for k, v in (row or {}).items()}
             else:
-                spec, feeds = resolve_inputs(
-                    served.model_path,
-                    shapes,
-                    input_data,
-                    seed=settings.seed,
-                    batch=1,
-                    specs=batcher.signature.inputs,
+                spec, rows = load_rows(
+                    served.model_path, list(batcher.signature.inputs), shapes, input_data, settings.seed
                 )
                 spec_json = spec.to_json()
+                feeds = rows[0]
             if not feeds:
                 raise UsageError("cannot make inputs for this model", "pin dynamic dims with --shape")
-            target = InProcessEndpoint(batcher, feeds, name=f"in-process {served.label}")
+            replay: list[dict[str, np.ndarray]] = [feeds] if input_data is None else rows
+            target = InProcessEndpoint(batcher, replay, name=f"in-process {served.label}")
             backend = served.backend
             model_path = str(served.model_path)
             server_info = batcher.describe()

@@ -15,7 +15,7 @@ import re
 import resource
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,14 +80,27 @@ class HttpEndpoint(Endpoint):
     """A KServe v2 server over HTTP, sending binary tensors (what a production client would)."""
 
     def __init__(
-        self, url: str, model: str, feeds: Mapping[str, np.ndarray], timeout_s: float = 30.0
+        self,
+        url: str,
+        model: str,
+        feeds: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]],
+        timeout_s: float = 30.0,
     ) -> None:
-
+        """`feeds`: one request's inputs, or many, sent in turn (rows of a file replayed)."""
         self.url = url.rstrip("/")
         self.model = model
         self.name = f"{self.url} model {model}"
-        self.body, head_len = encode_request(feeds, binary=True, binary_outputs=True)
-        self.headers = {HEADER_LENGTH: str(head_len), "Content-Type": "application/octet-stream"}
+        rows = [feeds] if isinstance(feeds, Mapping) else list(feeds)
+        # Each request encoded once, before the clock starts: the client costs the same per request.
+        self.requests: list[tuple[bytes, dict[str, str]]] = []
+        for row in rows:
+            body, head_len = encode_request(row, binary=True, binary_outputs=True)
+            self.requests.append(
+                (body, {HEADER_LENGTH: str(head_len), "Content-Type": "application/octet-stream"})
+            )
+        self.body, self.headers = self.requests[0]
+        self.rows = len(self.requests)
+        self._next = 0
         self.timeout_s = timeout_s
         self._session: Any = None
 
@@ -115,8 +128,10 @@ class HttpEndpoint(Endpoint):
     async def infer(self) -> Outcome:
         import aiohttp
 
+        body, headers = self.requests[self._next]
+        self._next = (self._next + 1) % self.rows
         try:
-            async with self._session.post(self._infer_url, data=self.body, headers=self.headers) as resp:
+            async with self._session.post(self._infer_url, data=body, headers=headers) as resp:
                 await resp.read()
                 if resp.status != 200:
                     return Outcome(_STATUS_KINDS.get(resp.status, f"http_{resp.status}"))
@@ -128,22 +143,38 @@ class HttpEndpoint(Endpoint):
             return Outcome("connection")
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "transport": "http", "url": self.url, "model": self.model}
+        return {
+            "name": self.name,
+            "transport": "http",
+            "url": self.url,
+            "model": self.model,
+            "rows": self.rows,
+        }
 
 
 class InProcessEndpoint(Endpoint):
     """The batcher called directly, no HTTP: what the runtime itself costs."""
 
-    def __init__(self, batcher: Any, feeds: Mapping[str, np.ndarray], name: str = "in-process") -> None:
+    def __init__(
+        self,
+        batcher: Any,
+        feeds: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]],
+        name: str = "in-process",
+    ) -> None:
+        """`feeds`: one request's inputs, or many, sent in turn (rows of a file replayed)."""
         self.batcher = batcher
-        self.feeds = dict(feeds)
+        self.rows_list = [dict(feeds)] if isinstance(feeds, Mapping) else [dict(f) for f in feeds]
+        self.feeds = self.rows_list[0]
+        self.rows = len(self.rows_list)
+        self._next = 0
         self.name = name
         self.remainder = "event_loop"
 
     async def infer(self) -> Outcome:
-
+        feeds = self.rows_list[self._next]
+        self._next = (self._next + 1) % self.rows
         try:
-            result = await self.batcher.submit(self.feeds)
+            result = await self.batcher.submit(feeds)
         except ServeError as exc:
             return Outcome(exc.kind)
         phases = {"queue": result.queue_ms, "batch": result.batch_ms, "model": result.model_ms}
@@ -151,7 +182,7 @@ class InProcessEndpoint(Endpoint):
         return Outcome("ok", phases, result.batch_rows)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "transport": "in-process"}
+        return {"name": self.name, "transport": "in-process", "rows": self.rows}
 
 
 @dataclass

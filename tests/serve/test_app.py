@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -64,3 +65,45 @@ def test_a_busy_port_is_one_line_and_nothing_after_it() -> None:
         proc = run_lto("serve", "sample_models/mlp_small.onnx", "--port", str(port), timeout=120)
     assert_clean_error(proc, 1, f"cannot listen on 127.0.0.1:{port}: another process is using the port")
     assert "Task was destroyed" not in proc.stderr and "pending" not in proc.stderr
+
+
+def test_load_replays_every_row_of_its_input_data(tmp_path: Path) -> None:
+    """`lto load --input-data` refused a file of many rows; it now sends them in turn."""
+    import json
+
+    import numpy as np
+
+    from tests.cli_helpers import run_cli
+    from tests.conftest import make_matmul_model
+
+    model = make_matmul_model(tmp_path / "m.onnx", features=16, out=4)
+    rows = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)  # 5 rows, batch axis
+    np.savez(tmp_path / "rows.npz", x=rows)
+    proc = run_cli("load", model, "--input-data", tmp_path / "rows.npz", "--requests", "20", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["load"]["target"]["rows"] == 5
+    assert report["load"]["runs"][0]["completed_ok"] == 20
+
+
+def test_an_http_client_sends_its_rows_in_turn() -> None:
+    import asyncio
+
+    import numpy as np
+
+    from optimize.serve.loadgen import HttpEndpoint
+
+    rows = [{"x": np.full((1, 4), float(i), dtype=np.float32)} for i in range(3)]
+    endpoint = HttpEndpoint("http://127.0.0.1:1", "m", rows)
+    sent: list[bytes] = []
+
+    class Session:
+        def post(self, url: str, data: bytes, headers: dict[str, str]) -> object:
+            sent.append(data)
+            raise __import__("aiohttp").ClientError("no server")
+
+    endpoint._session = Session()
+    endpoint._infer_url = "http://127.0.0.1:1/v2/models/m/infer"
+    for _ in range(4):
+        asyncio.run(endpoint.infer())
+    assert endpoint.rows == 3 and sent[0] != sent[1] != sent[2] and sent[3] == sent[0]
