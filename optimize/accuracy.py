@@ -152,6 +152,17 @@ def output_figures(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
     return {"cosine": _cosine(r, g), "max_abs": max_abs, "max_rel": max_rel}
 
 
+def _sliced_axes(shape: Sequence[int], batch_axis: int | None, spatial: bool) -> list[int]:
+    """The axes an output is sliced along: length 2..SLICE_MAX_LEN (channels, classes, fields), not
+    the batch axis, nor a probability map's height and width (`spatial`: its last two axes)."""
+    ndim = len(shape)
+    return [
+        axis
+        for axis, length in enumerate(shape)
+        if axis != batch_axis and 2 <= length <= SLICE_MAX_LEN and not (spatial and axis >= ndim - 2)
+    ]
+
+
 def _worst_slices(
     cos: np.ndarray, diff: np.ndarray, ref_peak: np.ndarray, floor: float
 ) -> tuple[tuple[float, int, float], tuple[int, float], int] | None:
@@ -184,10 +195,8 @@ def slice_figures(
     worst_cos: dict[str, Any] | None = None
     worst_rel: dict[str, Any] | None = None
     checked = 0
-    for axis in range(ndim):
+    for axis in _sliced_axes(refs[0].shape, batch_axis, spatial):
         length = refs[0].shape[axis]
-        if axis == batch_axis or not 2 <= length <= SLICE_MAX_LEN or (spatial and axis >= ndim - 2):
-            continue
         others = tuple(a for a in range(ndim) if a != axis)
         pooled = refs[0].size // length < SLICE_MIN_ELEMENTS
         sums = np.zeros((3, length))
@@ -279,10 +288,7 @@ def within_float_tolerance(
     ndim = refs[0].ndim
     if not all(np.all(np.isfinite(r)) for r in refs):
         return True  # slices of non-finite outputs: the whole-output test above decides
-    for axis in range(ndim):
-        length = refs[0].shape[axis]
-        if axis == batch_axis or not 2 <= length <= SLICE_MAX_LEN or (spatial and axis >= ndim - 2):
-            continue
+    for axis in _sliced_axes(refs[0].shape, batch_axis, spatial):
         others = tuple(a for a in range(ndim) if a != axis)
         lo = np.min([np.min(r, axis=others) for r in refs], axis=0).astype(np.float64)
         hi = np.max([np.max(r, axis=others) for r in refs], axis=0).astype(np.float64)

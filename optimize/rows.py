@@ -117,25 +117,7 @@ def plan_rows(
 
     `calibration` is --calib-data or --data, read; `calibrates` whether an enabled stage will read
     calibration rows; `generated` makes the generated samples (and says how), used only when the
-    user gave no rows at all. What reading the rows noted comes first in the plan's notes."""
-    plan = _plan(specs, feeds, axes, seed, workdir, eval_data, input_data, calibration, calibrates, generated)
-    if calibration is not None:
-        plan.notes[:0] = calibration.notes
-    return plan
-
-
-def _plan(
-    specs: Sequence[TensorSpec],
-    feeds: Mapping[str, np.ndarray],
-    axes: Mapping[str, int | None],
-    seed: int,
-    workdir: Path,
-    eval_data: Path | None,
-    input_data: Path | None,
-    calibration: RealRows | None,
-    calibrates: bool,
-    generated: Callable[[], tuple[list[Sample], str]],
-) -> RowPlan:
+    user gave no rows at all."""
     warnings: list[str] = list(calibration.warnings) if calibration is not None else []
     if eval_data is not None:
         data = load_samples(eval_data, specs, feeds, "--eval-data", axes, labels_allowed=True)

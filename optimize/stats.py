@@ -235,25 +235,29 @@ _MODE_GAP_SHARE = 0.3  # ... and at least this share of the distance between the
 _MODE_MIN_SPREAD = 0.01  # log units: a group of near-identical ratios still has this much spread
 
 
+def _median_rank(n: int, level: float = 0.95) -> int:
+    """The largest k (1-based, at least 1) whose order statistics [k, n + 1 - k] of n values still
+    cover the median at `level` (binomial ranks); with too few values, 1: the whole range."""
+    from scipy.stats import binom
+
+    alpha = (1.0 - level) / 2.0
+    k = int(binom.ppf(alpha, n, 0.5))
+    while k >= 1 and binom.cdf(k - 1, n, 0.5) > alpha:
+        k -= 1
+    return max(k, 1)
+
+
 def median_interval(values: Sequence[float] | np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
     """(median, lo, hi): the sample median and the distribution-free interval of the median, from
     the order statistics whose binomial ranks cover `level`. With too few values for `level`
     (under 6 at 95%) the interval is the whole range. The median lies inside by construction."""
-    from scipy.stats import binom
-
     data = np.sort(np.asarray(values, dtype=np.float64))
     n = data.size
     if n == 0:
         nan = float("nan")
         return nan, nan, nan
-    median = float(np.median(data))
-    # the largest k whose rank interval [k, n+1-k] (1-based) still covers `level`
-    alpha = (1.0 - level) / 2.0
-    k = int(binom.ppf(alpha, n, 0.5))
-    while k >= 1 and binom.cdf(k - 1, n, 0.5) > alpha:
-        k -= 1
-    k = max(k, 1)
-    return median, float(data[k - 1]), float(data[n - k])
+    k = _median_rank(n, level)
+    return float(np.median(data)), float(data[k - 1]), float(data[n - k])
 
 
 def median_interval_coverage(n: int) -> float:
@@ -262,10 +266,7 @@ def median_interval_coverage(n: int) -> float:
 
     if n < 2:
         return 0.0
-    k = max(1, int(binom.ppf(0.025, n, 0.5)))
-    while k > 1 and binom.cdf(k - 1, n, 0.5) > 0.025:
-        k -= 1
-    return float(1.0 - 2.0 * binom.cdf(k - 1, n, 0.5))
+    return float(1.0 - 2.0 * binom.cdf(_median_rank(n) - 1, n, 0.5))
 
 
 @dataclass(frozen=True)

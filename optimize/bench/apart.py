@@ -34,6 +34,7 @@ from optimize.env import CpuLoadMonitor
 from optimize.runtimes.worker import SubprocessBackend
 from optimize.stats import (
     BLOCK_STATISTICS,
+    PERCENTILES,
     PairedRatio,
     block_figures,
     full_chunks,
@@ -44,6 +45,8 @@ from optimize.stats import (
 # A worker counts as idle once its threads used less than this share of one core over a poll
 # window (ORT's spin-wait uses a whole core; a parked thread pool uses none).
 _IDLE_SHARE = 0.05
+# A comparison runs at least this many rounds before any stop (a 95% interval needs pairs).
+MIN_ROUNDS = 4
 _POLL_S = 0.005
 
 # Feeds staged in a worker, keyed by the backend they were staged for (worker side only).
@@ -256,17 +259,14 @@ class ApartRun:
             )
         else:
             ratio, lo, hi = self.ratio(i, j)
-            a_ms = float(np.percentile(self.samples[i], _PERCENT[self.metric]))
-            b_ms = float(np.percentile(self.samples[j], _PERCENT[self.metric]))
+            a_ms = float(np.percentile(self.samples[i], PERCENTILES[self.metric]))
+            b_ms = float(np.percentile(self.samples[j], PERCENTILES[self.metric]))
             method = f"AB/BA bootstrap over {self.rounds} block pairs, each side in its own process"
         return Comparison(
             self.measurement(i), self.measurement(j), self.metric, ratio, (lo, hi), self.rounds,
             (self.block_runs[i], self.block_runs[j]), method, isolation=self.isolation(),
             a_ms=a_ms, b_ms=b_ms, paired=paired,
         )  # fmt: skip
-
-
-_PERCENT = {"p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
 
 
 def compare_apart(
@@ -340,7 +340,7 @@ def compare_apart(
         elapsed = time.monotonic() - start
         if progress is not None:
             progress(sum(len(s) for s in run.samples), elapsed)
-        enough = min(len(s) for s in run.samples) >= settings.min_runs and run.rounds >= 4
+        enough = min(len(s) for s in run.samples) >= settings.min_runs and run.rounds >= MIN_ROUNDS
         if enough and give_up is not None and give_up(run):
             run.stopped_by = "given up"
             break
@@ -441,6 +441,7 @@ def compare(
 
 
 __all__ = [
+    "MIN_ROUNDS",
     "PROCESS_SETS",
     "ApartRun",
     "compare",

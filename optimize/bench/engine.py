@@ -217,7 +217,7 @@ class Comparison:
     # Each side in its own worker (optimize.bench.apart): how apart they were. None: one process.
     isolation: dict[str, Any] | None = None
     # Each side's `metric` in ms in the same block pairs the ratio comes from (b_ms / a_ms is the
-    # ratio but for the median-of-ratios' difference from a ratio of medians). None: pooled runs.
+    # ratio: optimize.stats.RatioFigure). None: the pooled runs' own percentiles.
     a_ms: float | None = None
     b_ms: float | None = None
     # The paired estimate with its modes (optimize.stats.PairedRatio), where one was taken.

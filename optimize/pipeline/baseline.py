@@ -133,7 +133,7 @@ def prepare_inputs(record: RunRecord, model_path: Path, workdir: Path) -> Prepar
     for warning in plan.warnings:
         if warning not in input_spec.warnings:
             record.warn(warning)
-    for note in plan.notes:
+    for note in [*(calibration.notes if calibration is not None else []), *plan.notes]:
         record.log(note)
     if plan.calibration_file is not None:
         for spec in calibration_readers(recipe):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -25,7 +26,7 @@ from typing import Any
 from optimize.accuracy import AccuracyResult, MetricError, accuracy_json, check
 from optimize.backend import Backend
 from optimize.bench import BenchSettings, Comparison, Measurement, measure_where_it_runs
-from optimize.bench.apart import PROCESS_SETS, ApartRun, compare_apart, compare_in_process_sets
+from optimize.bench.apart import MIN_ROUNDS, PROCESS_SETS, ApartRun, compare_apart, compare_in_process_sets
 from optimize.errors import first_line, full_text
 from optimize.evidence import is_lossy, numerics
 from optimize.pipeline import judge
@@ -67,9 +68,6 @@ def open_candidate_worker(candidate: Candidate) -> Backend:
 # (the report, its plots, the process's exit).
 _WRITE_BYTES_PER_S = 100e6
 _WRITE_FIXED_S = 1.0
-
-
-MIN_ROUNDS = 4  # compare_apart's least rounds before it stops
 MIN_COMPARISON_S = 1.0  # a comparison times at least this long, whatever budget is left
 _SETTLE_S = 0.02  # a typical wait for the other worker to go idle before a block
 
@@ -289,7 +287,7 @@ class Evaluator:
         evaluations so far, else an estimate from the baseline (a comparison's timing, a worker's
         start, the accuracy rows run twice)."""
         if self.evaluated_s:
-            return float(sorted(self.evaluated_s)[len(self.evaluated_s) // 2])
+            return float(statistics.median(self.evaluated_s))
         run_s = self.baseline_ms / 1000.0
         check_s = 2.0 * len(self.baseline.samples) * run_s
         return self.settings.max_time_s + 2.0 * self.open_s.get(self.original.label, 0.0) + check_s

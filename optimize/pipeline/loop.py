@@ -336,12 +336,13 @@ class Pipeline:
         value = lat[self.metric] if figure is None else figure
         return {"p50": lat["p50"], "p99": lat["p99"], self.metric: value}
 
-    def _side_interval(self, comparison: Comparison) -> tuple[float, float]:
-        """The 95% interval of the artifact's figure in the final comparison."""
+    def _side_interval(self, comparison: Comparison, side: str) -> tuple[float, float]:
+        """The 95% interval of side "a" (the baseline) or "b" (the artifact)'s figure in the final
+        comparison, from the same pairs as the figure."""
         paired = comparison.paired
         if paired is not None:
-            return paired.figure.b_ci95
-        _, lo, hi = percentile_ci(comparison.b.samples_ms, self.metric)
+            return paired.figure.a_ci95 if side == "a" else paired.figure.b_ci95
+        _, lo, hi = percentile_ci((comparison.a if side == "a" else comparison.b).samples_ms, self.metric)
         return lo, hi
 
     def _target_met(self, measurement: Measurement, confident: bool) -> bool:
@@ -400,8 +401,8 @@ class Pipeline:
         )
         if reason or not spec.enabled:
             return reason
-        known = odds is not None and odds.tried > 0  # "no record": its cost is a placeholder
-        return self._too_little_time(odds.cost_s if known and odds is not None else 0.0)
+        # A stage with no record has a placeholder cost, not a measured one.
+        return self._too_little_time(odds.cost_s if odds is not None and odds.tried > 0 else 0.0)
 
     def _load_stage(self, name: str) -> Stage | StageSkipped:
         """The stage registered as `name`, loaded once (or why it cannot load)."""
@@ -540,7 +541,6 @@ class Pipeline:
         speedup, speedup_ci = 1.0, (1.0, 1.0)
         value: float | None = None
         lo_v = hi_v = 0.0
-        self._evaluator = evaluator
         if best is not original:
             record.status(f"final: {best.label} against the baseline, fresh processes")
             comparison = evaluator.measure_artifact(best, max_time_s=self._final_time_s())
@@ -573,7 +573,7 @@ class Pipeline:
                 {**comparison.a.to_json(), "label": "baseline (final comparison)"},
                 {**comparison.b.to_json(), "label": f"{best.label} (final comparison)"},
             ]
-            value, (lo_v, hi_v) = art_ms, self._side_interval(comparison)
+            value, (lo_v, hi_v) = art_ms, self._side_interval(comparison, "b")
             record.log(final_line(best.label, self.metric, comparison, speedup, speedup_ci, row.modes))
             if judge.original_wins_final(comparison):
                 record.warnings.append(
@@ -584,12 +584,11 @@ class Pipeline:
                 self._revert(best.label, speedup, speedup_ci)
                 best, kept_chain = original, []
                 speedup, speedup_ci = 1.0, (1.0, 1.0)
-                value = None
+                # the original ships: its figure is the baseline's in the same measurement
+                value, (lo_v, hi_v) = base_ms, self._side_interval(comparison, "a")
 
-        if value is None:  # the original ships: its figure is the baseline's
-            base_row = record.records[0]
-            value = float((base_row.latency_ms or {}).get(self.metric, 0.0))
-            _, lo_v, hi_v = percentile_ci(base_meas.samples_ms, self.metric)
+        if value is None:  # the original was the best all along: the baseline measured alone
+            value, lo_v, hi_v = percentile_ci(base_meas.samples_ms, self.metric)
         verdict, exit_code, met = judge.target_verdict(value, self.request.target_ms, self.metric)
         unverified = judge.unverified_faster(record.records, speedup)
         verdict, exit_code = judge.final_exit(

@@ -17,6 +17,17 @@ def _num(value: Any, fmt: str) -> str:
     return format(value, fmt) if isinstance(value, (int, float)) else str(value)
 
 
+# Task-metric figures as the reports name them: (key, short name for a table cell, name in words,
+# the threshold's key, format).
+_TASK_FIGURES = (
+    ("top1_agreement_tolerant", "top1", "top-1 agreement", "min_top1", ".3f"),
+    ("embedding_cosine", "embedding cos", "embedding cosine", "min_cosine", ".5f"),
+    ("decode_agreement", "ctc decode", "CTC decode equal", "min_ctc", ".3f"),
+    ("detection_agreement", "detections", "detection agreement", "min_detection", ".3f"),
+    ("mask_iou", "mask IoU", "mask IoU", "min_mask_iou", ".3f"),
+)
+
+
 def accuracy_cell(acc: Mapping[str, Any] | None) -> str:
     if not acc:
         return "–"
@@ -40,10 +51,9 @@ def accuracy_cell(acc: Mapping[str, Any] | None) -> str:
             if tolerant == strict
             else f"top1 {tolerant:.2f} outside near-ties ({strict:.2f} strict)"
         )
-    if "decode_agreement" in worst:
-        parts.append(f"ctc decode {worst['decode_agreement']:.2f}")
-    if "detection_agreement" in worst:
-        parts.append(f"detections {worst['detection_agreement']:.2f}")
+    for key, short, _, _, _ in _TASK_FIGURES[2:]:  # top-1 above, with its near-ties; embeddings as cos
+        if key in worst:
+            parts.append(f"{short} {worst[key]:.2f}")
     if "max_abs" in worst:
         parts.append(f"abs {_num(worst['max_abs'], '.2g')}")
     user = acc.get("user_metric")
@@ -133,9 +143,10 @@ TABLE_NOTE = (
     "divided by the row's gives it), and its interval is the median's, from the same pairs. The "
     "artifact's row and the baseline's come from the final comparison, in fresh processes after the "
     "search. Rows measured at different moments carry the machine's speed at that moment: compare "
-    "rows by speedup. A candidate is kept only when it is accurate and faster than the best so far "
-    "by the recipe's minimum with its ratio's 95% CI below 1, twice (the second time on fresh "
-    "processes)."
+    "rows by speedup with its interval (two speedups whose intervals overlap were not measured "
+    "apart; only the comparison with the best so far, in the reason, decided). A candidate is kept "
+    "only when it is accurate and faster than the best so far by the recipe's minimum with its "
+    "ratio's 95% CI below 1, twice (the second time on fresh processes)."
 )
 
 
@@ -192,19 +203,11 @@ def _accuracy_words(acc: Mapping[str, Any]) -> str:
     parts = []
     for name, fig in (acc.get("per_output") or {}).items():
         metric = fig.get("metric")
-        shown = []
-        if "mask_iou" in fig:
-            shown.append(f"mask IoU {fig['mask_iou']:.3f} (>= {th.get('min_mask_iou')})")
-        if "top1_agreement_tolerant" in fig:
-            shown.append(f"top-1 agreement {fig['top1_agreement_tolerant']:.3f} (>= {th.get('min_top1')})")
-        if "embedding_cosine" in fig:
-            shown.append(f"embedding cosine {fig['embedding_cosine']:.5f} (>= {th.get('min_cosine')})")
-        if "decode_agreement" in fig:
-            shown.append(f"CTC decode equal {fig['decode_agreement']:.3f} (>= {th.get('min_ctc')})")
-        if "detection_agreement" in fig:
-            shown.append(
-                f"detection agreement {fig['detection_agreement']:.3f} (>= {th.get('min_detection')})"
-            )
+        shown = [
+            f"{words} {format(fig[key], fmt)} (>= {th.get(threshold)})"
+            for key, _, words, threshold, fmt in _TASK_FIGURES
+            if key in fig
+        ]
         if not shown and isinstance(fig.get("cosine"), (int, float)):
             shown.append(f"cosine {fig['cosine']:.5f}")
         if fig.get("passed_by"):

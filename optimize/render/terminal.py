@@ -518,7 +518,8 @@ def render_optimize_summary(
             title=f"lto optimize: {escape(Path(report['model']['path']).name)}",
             title_justify="left",
             caption=f"Each row: its {metric}, the baseline's {metric} beside it and the speedup "
-            f"(95% CI) from one side-by-side run; {ends}. Reasons above and in report.md",
+            f"(95% CI) from one side-by-side run; {ends}. Speedups whose intervals overlap were "
+            "not measured apart. Reasons above and in report.md",
             caption_justify="left",
             box=box.SIMPLE_HEAD,
             pad_edge=False,
