@@ -36,8 +36,8 @@ from optimize.thresholds import Thresholds
 
 Outputs = Mapping[str, np.ndarray]
 
-NUMERICS = ("exact", "reassociated", "reduced", "quantized")
-LOSSY_NUMERICS = ("reduced", "quantized")
+NUMERICS = ("exact", "reassociated", "reduced", "quantized", "mixed")
+LOSSY_NUMERICS = ("reduced", "quantized", "mixed")
 
 MIN_ROWS = 8  # samples a lossy candidate must be judged on: fewer, and one lucky row decides
 # A top-1 (or per-frame) probability margin below this is a near-tie: bf16 or int8 rounding moves
@@ -122,8 +122,13 @@ def is_lossy(precision: str) -> bool:
 
 
 def numerics_of_precision(precision: str) -> str:
-    """quantized, reduced, or "" for an fp32 candidate (exact or reassociated: see numerics)."""
+    """mixed, quantized, reduced, or "" for an fp32 candidate (exact or reassociated: see numerics).
+
+    A precision of two parts joined by "+" ("int8+bf16": int8 where quantized, bf16 elsewhere;
+    "int8+fp32") is mixed: some layers were lifted above the rest."""
     p = precision.lower()
+    if "+" in p:
+        return "mixed"
     if any(q in p for q in ("int8", "int4", "fp8", "int16")):
         return "quantized"
     if any(r in p for r in ("bf16", "fp16", "f16", "tf32")):

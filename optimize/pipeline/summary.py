@@ -102,6 +102,8 @@ def optimize_report(run: RunRecord, final: FinalFigures) -> dict[str, Any]:
             "precision": final.best.precision,
             "kept_stages": [c["stage"] for c in final.kept_chain],
             "numerics": final.numerics,
+            # Nodes kept above the artifact's main precision, each with the one it runs at.
+            "lifted": list(final.best.details.get("lifted") or []),
         },
         "unverified": final.unverified,
         "speedup": final.speedup,

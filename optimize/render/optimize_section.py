@@ -194,6 +194,7 @@ _NUMERICS = {
     "reassociated": "fp32, the same maths in another order",
     "reduced": "reduced precision",
     "quantized": "quantized",
+    "mixed": "mixed precision",
 }
 
 
@@ -214,6 +215,39 @@ def _accuracy_words(acc: Mapping[str, Any]) -> str:
             shown.append(fig["passed_by"])
         parts.append(f"`{name}` ({metric}): {', '.join(shown) or 'compared'}")
     return "; ".join(parts)
+
+
+def mix_lines(section: Mapping[str, Any], limit: int = 8) -> list[str]:
+    """For a mixed-precision artifact: which nodes were lifted out of its main precision, to what,
+    and the search that chose them (each rung: nodes lifted, the precision they ran at, the gate)."""
+    best = section.get("best") or {}
+    lifted = best.get("lifted") or []
+    if not lifted:
+        return []
+    main, _, rest = str(best.get("precision")).partition("+")
+    names = ", ".join(
+        f"`{e['node']}`" + (f" ({e['added_rel_error']:.3g})" if "added_rel_error" in e else "")
+        for e in lifted[:limit]
+    )
+    more = f" and {len(lifted) - limit} more" if len(lifted) > limit else ""
+    lines = [
+        f"- precision by layer: {main} where quantized, {rest or 'fp32'} elsewhere; {len(lifted)} "
+        f"node(s) lifted out of {main} to pass the accuracy gate, at {lifted[0]['precision']} "
+        f"(relative error each added in {main}): {names}{more}"
+    ]
+    row = next((r for r in (section.get("stages") or []) if r.get("label") == best.get("label")), {})
+    attempts = (row.get("details") or {}).get("attempts") or []
+    if attempts:
+        head = "| search step | nodes out of int8 | float parts at | accuracy gate |"
+        lines += ["", head, "|---|---|---|---|"]
+        for a in attempts:
+            gate = a.get("error") or a.get("skipped") or ("pass" if a.get("accuracy_ok") else "fail")
+            if "worst_cosine" in a:
+                gate += f" (worst cosine {a['worst_cosine']:.4f})"
+            step = a.get("step") or a.get("group")
+            lines.append(f"| {step} | {a.get('excluded', '')} | {a.get('float_parts', 'fp32')} | {gate} |")
+        lines.append("")
+    return lines
 
 
 def summary_lines(section: Mapping[str, Any], model_path: str) -> list[str]:
@@ -245,6 +279,12 @@ def summary_lines(section: Mapping[str, Any], model_path: str) -> list[str]:
             f"{figures}, side by side, each in its own process)."
         )
     lines = ["## Summary", "", head, ""]
+    lifted = best.get("lifted") or []
+    if lifted:
+        lines.append(
+            f"- **Precision by layer**: {best.get('precision')}, {len(lifted)} node(s) lifted out of "
+            f"int8 at {lifted[0]['precision']} to pass the accuracy gate (Optimization below lists them)."
+        )
     acc = section.get("accuracy") or {}
     evidence = acc.get("evidence") or {}
     source = acc.get("sample_source") or "?"
@@ -346,6 +386,7 @@ def render_markdown_section(section: Mapping[str, Any]) -> str:
             + f": {accuracy_cell(acc)}"
         )
         lines += accuracy_lines(acc)
+        lines += mix_lines(section)
         lines += evidence_lines(section)
         if section.get("external_data"):
             lines.append("- the model stores its weights as external data; the artifact carries them")

@@ -200,3 +200,28 @@ def test_markdown_lists_repetitions_and_flags_thin_tails(tmp_path: Path) -> None
     # 400 runs: enough for a p99 (368), not for a p99.9 (3,688)
     assert m["too_few_runs_for"] == {"p999": 3688}
     assert "- mlp@b1: 400 runs are too few to estimate its tail (p99.9 needs 3,688)" in text
+
+
+def test_a_mixed_precision_artifact_lists_its_lifted_nodes_and_the_search() -> None:
+    from optimize.render.optimize_section import mix_lines
+
+    label = "openvino-quantize:int8-bf16"
+    lifted = [{"node": f"n{i}", "precision": "bf16", "added_rel_error": 0.1 / (i + 1)} for i in range(10)]
+    attempts = [
+        {"step": "defaults", "float_parts": "fp32", "excluded": 0, "accuracy_ok": False, "worst_cosine": 0.9},
+        {"step": "lift top 10", "float_parts": "bf16", "excluded": 10, "accuracy_ok": True},
+        {"step": "lift top 20", "float_parts": "bf16", "error": "NNCF failed"},
+    ]
+    section = {
+        "best": {"label": label, "precision": "int8+bf16", "lifted": lifted},
+        "stages": [{"label": label, "details": {"attempts": attempts}}],
+    }
+    lines = mix_lines(section)
+    assert lines[0].startswith("- precision by layer: int8 where quantized, bf16 elsewhere; 10 node(s)")
+    assert "`n0` (0.1)" in lines[0] and "`n7`" in lines[0] and "`n8`" not in lines[0]
+    assert lines[0].endswith("and 2 more")
+    assert "| defaults | 0 | fp32 | fail (worst cosine 0.9000) |" in lines
+    assert "| lift top 10 | 10 | bf16 | pass |" in lines
+    assert "| lift top 20 |  | bf16 | NNCF failed |" in lines
+    # A single-precision artifact has no such lines.
+    assert mix_lines({"best": {"label": "x", "precision": "int8", "lifted": []}}) == []

@@ -602,7 +602,8 @@ class _Quantizer:
             backend=base.backend,
             runtime_config=config,
             standard_ops=all(":" not in op for op in ops),
-            precision="int8",
+            # Nodes kept out of int8 run at fp32: two precisions by layer (evidence: "mixed").
+            precision="int8+fp32" if excluded else "int8",
             details={
                 **self.settings,
                 "quantized_ops": {op: n for op, n in ops.items() if op.rpartition(":")[2] in QUANT_OPS},

@@ -77,7 +77,7 @@ def onnxruntime(config: Mapping[str, Any], backend: str, precision: str) -> Trit
         runtime.instance_kind = "KIND_GPU"
     if backend == "onnxruntime-trt":
         accelerator: dict[str, Any] = {"name": "tensorrt"}
-        mode = {"fp16": "FP16", "int8": "INT8"}.get(precision)
+        mode = {"fp16": "FP16", "int8": "INT8"}.get(precision.partition("+")[0])
         if mode:
             accelerator["parameters"] = Map({"precision_mode": mode})
         runtime.optimization["execution_accelerators"] = {"gpu_execution_accelerator": [accelerator]}

@@ -8,13 +8,17 @@ back-off through NNCF's IgnoredScope driven by a sensitivity ranking.
   SmoothQuant to MatMul inputs; `smooth_quant` = "off" turns it off, "on" forces it.
 * NNCF's default PTQ breaks some models (docs/openvino.md: a text recognizer at cos
   0.865, a detector's class scores). When the pipeline's gate (ctx.check_accuracy) fails, the
-  quantized nodes are ranked by the error each adds itself, and the most harmful are kept in
-  float, more on each retry (10 %, 20 %, 40 % ...), within `max_backoff_rounds` and the deadline.
+  quantized nodes are ranked by the error each adds itself, and the most harmful are lifted out
+  of int8, more on each retry (10 %, 20 %, 40 % ...), within `max_backoff_rounds` and the
+  deadline, then bisected back towards the fewest that pass: every node kept in float costs speed.
 * Before any node goes back to float, the quantized IR is checked with the CPU plugin's fused
   subgraphs off (SNIPPETS_MODE=DISABLE, backend.py says why): on an AMX Xeon they broke NNCF's
   int8 MiniLM (token cosine 0.31) that is accurate without them (0.995).
-* The accepted IR is proposed at the f32 hint and, on a CPU with native bf16, at the bf16 hint
-  for its float parts too; the pipeline's gate and bench decide between them.
+* The accepted IR is proposed at the f32 hint (`int8`, or `int8+fp32` with nodes lifted) and, on
+  a CPU with native bf16, at the bf16 hint for its float parts and lifted nodes (`int8+bf16`),
+  judged at bf16: where bf16 adds too much error, the back-off goes on at bf16 from where the f32
+  one stopped. Each proposed candidate lists its lifted nodes and the precision they run at
+  (`details["lifted"]`); the pipeline's gate and bench decide between them.
 
 Options: calib_data, calib_samples, preset (auto|performance|mixed), smooth_quant (auto|on|off),
 max_backoff_rounds, exclude_nodes (OpenVINO node names), bf16.
@@ -27,7 +31,7 @@ import io
 import logging
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import nncf  # a missing package skips the stage with its name (runtimes.load_stage)
@@ -40,7 +44,6 @@ from optimize.onnx_file import op_counts, read_model
 from optimize.runtimes.openvino.convert import thread_choices
 from optimize.runtimes.openvino.ir import (
     candidate,
-    gated,
     precision_hints,
     runtime_config,
     source_model,
@@ -76,6 +79,17 @@ class _Trial:
     candidate: Candidate
     result: AccuracyResult
     quantized: Any  # the ov.Model NNCF returned
+    hint: str = "f32"  # the precision of its float parts and of the nodes kept out of int8
+
+
+_PRECISION_OF_HINT = {"f32": "fp32", "bf16": "bf16"}  # OpenVINO's hint -> lto's precision names
+
+
+def mixed_precision(hint: str, excluded: list[str]) -> str:
+    """int8 alone; or int8 with the rest at bf16, or with nodes lifted out of int8 to fp32."""
+    if hint == "bf16":
+        return "int8+bf16"
+    return "int8+fp32" if excluded else "int8"
 
 
 @contextlib.contextmanager
@@ -124,8 +138,12 @@ class OpenVinoQuantizeStage(Stage):
         attempts: list[dict[str, Any]] = []
         tried: list[_Trial] = []
 
-        def trial(step: str, trial_settings: dict[str, Any], excluded: list[str], snippets: bool) -> _Trial:
-            """Quantize (or reuse an IR quantized the same way), then ask the pipeline's gate."""
+        def trial(
+            step: str, trial_settings: dict[str, Any], excluded: list[str], snippets: bool, hint: str = "f32"
+        ) -> _Trial:
+            """Quantize (or reuse an IR quantized the same way), then ask the pipeline's gate at the
+            precision the candidate will run: its float parts, and the nodes kept out of int8, at
+            `hint` (f32, or bf16 where the CPU has it)."""
             same = next((t for t in tried if t.settings == trial_settings and t.excluded == excluded), None)
             if same is not None:
                 quantized, ir = same.quantized, same.candidate.model_path
@@ -137,46 +155,99 @@ class OpenVinoQuantizeStage(Stage):
                 raise StageSkipped("NNCF found nothing to quantize in this model")
             details = {"source": why, "calibration": calibration, "nncf": nncf.__version__, **trial_settings}
             cand = candidate(
-                f"{self.name}:int8",
+                f"{self.name}:int8" + ("-bf16" if hint == "bf16" else ""),
                 ir,
-                precision="int8",
-                precision_hint="f32",
-                config=runtime_config("f32", threads),
+                precision=mixed_precision(hint, excluded),
+                precision_hint=hint,
+                config=runtime_config(hint, threads),
                 details={**details, "quantized_nodes": len(nodes), "excluded_nodes": list(excluded)},
             )
             if not snippets:
-                why_off = next((t.result.reason for t in tried if t.snippets and t.excluded == excluded), "")
+                why_off = next(
+                    (
+                        t.result.reason
+                        for t in tried
+                        if t.snippets and t.excluded == excluded and t.hint == hint
+                    ),
+                    "",
+                )
                 cand = without_snippets(cand, f"with them on it failed the accuracy gate ({why_off})")
             result = ctx.check_accuracy(cand)
-            done = _Trial(step, dict(trial_settings), list(excluded), snippets, cand, result, quantized)
+            done = _Trial(step, dict(trial_settings), list(excluded), snippets, cand, result, quantized, hint)
             tried.append(done)
             attempts.append(
-                {"step": step, "excluded": len(excluded), "snippets": snippets, **result.attempt_summary()}
+                {
+                    "step": step,
+                    "float_parts": _PRECISION_OF_HINT[hint],
+                    "excluded": len(excluded),
+                    "snippets": snippets,
+                    **result.attempt_summary(),
+                }
             )
-            how = f"{len(excluded)} node(s) in float" + ("" if snippets else ", fused subgraphs off")
-            ctx.log(f"int8 {step} ({how}): {'pass' if result.ok else 'fail: ' + result.reason}")
+            how = f"{len(excluded)} node(s) out of int8" + ("" if snippets else ", fused subgraphs off")
+            verdict = "pass" if result.ok else "fail: " + result.reason
+            ctx.log(f"int8 {step} ({how}, float parts at {hint}): {verdict}")
             return done
 
-        def optional(step: str, trial_settings: dict[str, Any], excluded: list[str], snippets: bool) -> None:
+        def optional(
+            step: str, trial_settings: dict[str, Any], excluded: list[str], snippets: bool, hint: str = "f32"
+        ) -> _Trial | None:
             """A later rung: its failure is recorded and the ladder goes on from the best so far."""
             try:
-                trial(step, trial_settings, excluded, snippets)
+                return trial(step, trial_settings, excluded, snippets, hint)
             except Exception as exc:
                 error = exc.one_line() if isinstance(exc, LtoError) else message_line(exc)
-                attempts.append({"step": step, "error": error})
+                attempts.append({"step": step, "float_parts": _PRECISION_OF_HINT[hint], "error": error})
                 ctx.log(f"int8 {step}: failed: {error}")
+                return None
 
-        def best() -> _Trial:
-            passing = [t for t in tried if t.result.ok]
-            return passing[0] if passing else max(tried, key=lambda t: worst_cosine(t.result))
+        def best(hint: str = "f32") -> _Trial:
+            """At `hint`: the passing trial with the fewest nodes out of int8 (the earliest of
+            equals: fused subgraphs on), else the closest to passing."""
+            mine = [t for t in tried if t.hint == hint]
+            passing = [t for t in mine if t.result.ok]
+            if passing:
+                return min(passing, key=lambda t: (len(t.excluded), not t.snippets))
+            return max(mine, key=lambda t: worst_cosine(t.result))
 
         def out_of_time() -> bool:
             return ctx.deadline is not None and time.monotonic() >= ctx.deadline
 
-        # The ladder, cheapest and fastest-running first, stopping at the first accurate model:
-        # NNCF's defaults; transformers: SmoothQuant the other way, then attention's own MatMuls
-        # (activation x activation) in float; the CPU plugin's fused subgraphs off (same IR);
-        # then nodes back to float by the error they add.
+        def at_bf16_ok() -> bool:
+            return any(t.hint == "bf16" and t.result.ok for t in tried)
+
+        def back_off(base: _Trial, ranked: list[str], hint: str, start: int) -> None:
+            """Lift the first nodes of `ranked` out of int8 (they run at `hint`), more each round
+            (10 %, 20 %, 40 % ... of them, past the `start` already known to fail), then bisect
+            back towards the fewest that pass."""
+            last_fail, first_pass = start, None
+            sizes = [size for size in backoff_sizes(len(ranked), 8) if size > start][:rounds]
+            for size in sizes:
+                if out_of_time():
+                    skipped = {"skipped": "stage deadline reached", "float_parts": _PRECISION_OF_HINT[hint]}
+                    attempts.append({"step": f"lift top {size}", **skipped})
+                    return
+                lifted = [*base.excluded, *ranked[:size]]
+                done = optional(f"lift top {size}", base.settings, lifted, base.snippets, hint)
+                if done is not None and done.result.ok:
+                    first_pass = size
+                    break
+                last_fail = size
+            for _ in range(2):
+                if first_pass is None or first_pass - last_fail <= 1 or out_of_time():
+                    break
+                mid = (last_fail + first_pass) // 2
+                lifted = [*base.excluded, *ranked[:mid]]
+                done = optional(f"lift top {mid}", base.settings, lifted, base.snippets, hint)
+                if done is not None and done.result.ok:
+                    first_pass = mid
+                else:
+                    last_fail = mid
+
+        # The ladder at f32, cheapest and fastest-running first, stopping at the first accurate
+        # model: NNCF's defaults; transformers: SmoothQuant the other way, then attention's own
+        # MatMuls (activation x activation) in float; the CPU plugin's fused subgraphs off (same
+        # IR); then nodes out of int8 by the error they add, bisected towards the fewest.
         trial("defaults", settings, user_excluded, True)
         if not best().result.ok and transformer and ctx.options.get("smooth_quant", "auto") == "auto":
             toggled = {**settings, "smooth_quant": "off" if settings["smooth_quant"] == "on" else "on"}
@@ -189,47 +260,56 @@ class OpenVinoQuantizeStage(Stage):
             top = best()
             optional("fused subgraphs off", top.settings, top.excluded, False)
         ranking: list[tuple[str, float]] = []
-        if not best().result.ok and rounds > 0 and not out_of_time():
-            top = best()
-            ctx.log(f"int8: still inaccurate ({top.result.reason}); ranking nodes by the error they add")
-            probe = [*samples[:4], dict(ctx.feeds)]
-            ranking = rank_sensitive_nodes(float_model, top.quantized, probe)
-            ranked = [name for name, _ in ranking if name not in top.excluded]
-            for index, size in enumerate(backoff_sizes(len(ranked), rounds), start=1):
-                if out_of_time():
-                    attempts.append({"step": f"back-off {index}", "skipped": "stage deadline reached"})
-                    break
-                optional(f"back-off {index}", top.settings, [*top.excluded, *ranked[:size]], top.snippets)
-                if best().result.ok:
-                    break
+        base = best()
+        if not base.result.ok and rounds > 0 and not out_of_time():
+            ctx.log(f"int8: still inaccurate ({base.result.reason}); ranking nodes by the error they add")
+            ranking = rank_sensitive_nodes(float_model, base.quantized, [*samples[:4], dict(ctx.feeds)])
+            back_off(base, [n for n, _ in ranking if n not in base.excluded], "f32", 0)
         chosen = best()
-        cand, result = chosen.candidate, chosen.result
+        out = [self._finished(chosen, ranking, attempts)]
+        if "bf16" in precision_hints(ctx.options):
+            # The same int8 with its float parts at bf16: judged at bf16, where it runs. Nodes that
+            # bf16 leaves too far off come out of int8 too, the fewest that pass, at bf16 (a node
+            # cannot run at f32 under OpenVINO's bf16 hint: docs/mixed-precision.md).
+            optional("float parts at bf16", chosen.settings, chosen.excluded, chosen.snippets, "bf16")
+            if not at_bf16_ok() and chosen.snippets and not out_of_time():
+                optional("float parts at bf16", chosen.settings, chosen.excluded, False, "bf16")
+            if not at_bf16_ok() and chosen.result.ok and rounds > 0 and not out_of_time():
+                if not ranking:
+                    probe = [*samples[:4], dict(ctx.feeds)]
+                    ranking = rank_sensitive_nodes(float_model, chosen.quantized, probe)
+                # On from where the f32 back-off stopped: chosen is base plus a prefix of the ranking.
+                ranked = [n for n, _ in ranking if n not in base.excluded]
+                snippets = best("bf16").snippets if any(t.hint == "bf16" for t in tried) else chosen.snippets
+                known = len(chosen.excluded) - len(base.excluded)
+                back_off(replace(base, snippets=snippets), ranked, "bf16", known)
+            if any(t.hint == "bf16" for t in tried):
+                out.append(self._finished(best("bf16"), ranking, attempts))
+        return out
+
+    @staticmethod
+    def _finished(
+        chosen: _Trial, ranking: list[tuple[str, float]], attempts: list[dict[str, Any]]
+    ) -> Candidate:
+        """The chosen trial's candidate with what the report shows of the search: every attempt,
+        the ten most harmful nodes, and each node kept out of int8 with the precision it runs at."""
+        cand = chosen.candidate
+        added = dict(ranking)
+        cand.details["lifted"] = [
+            {
+                "node": name,
+                "precision": _PRECISION_OF_HINT[chosen.hint],
+                **({"added_rel_error": round(added[name], 6)} if name in added else {}),
+            }
+            for name in chosen.excluded
+        ]
         if ranking:
             cand.details["sensitivity"] = [
                 {"node": n, "added_rel_error": round(e, 6)} for n, e in ranking[:10]
             ]
-        snippets_off = [] if chosen.snippets else [str(cand.details["snippets"]).removeprefix("off: ")]
-        cand.details["attempts"] = attempts
-        cand.details["accuracy_gate"] = "passed" if result.ok else "failed"
-        out = [cand]
-        if "bf16" in precision_hints(ctx.options):
-            # The same int8 IR with its float parts (softmax, norms, unquantized nodes) at bf16.
-            own = ("runtime", "precision_hint", "cpu_isa_any", "snippets")
-            details = {k: v for k, v in cand.details.items() if k not in own}
-            bf16 = candidate(
-                f"{self.name}:int8-bf16",
-                cand.model_path,
-                precision="int8+bf16",
-                precision_hint="bf16",
-                config=runtime_config("bf16", threads),
-                details=details,
-            )
-            if snippets_off:
-                bf16 = without_snippets(bf16, snippets_off[0])
-            elif result.ok:  # bf16 may need them off where f32 did not
-                bf16 = gated(bf16, ctx)[0]
-            out.append(bf16)
-        return out
+        cand.details["attempts"] = list(attempts)
+        cand.details["accuracy_gate"] = "passed" if chosen.result.ok else "failed"
+        return cand
 
     # -- steps ---------------------------------------------------------------------------------
 

@@ -124,19 +124,95 @@ def test_int8_backs_off_on_the_most_sensitive_nodes_until_the_gate_passes(tmp_pa
     finally:
         quantize_module.rank_sensitive_nodes = original  # type: ignore[assignment]
     int8 = cands[0]
-    # The first try, the same IR without fused subgraphs, then one back-off round that passed.
+    # The first try, the same IR without fused subgraphs, then one lift that passed.
     assert labels == ["openvino-quantize:int8", "openvino-quantize:int8-nosnippets", "openvino-quantize:int8"]
     assert seen[:2] == [[], []]
-    assert int8.details["accuracy_gate"] == "passed"
+    assert int8.details["accuracy_gate"] == "passed" and int8.precision == "int8+fp32"
     assert int8.details["excluded_nodes"] == [ranked_first[0]]
+    lifted = int8.details["lifted"][0]
+    assert lifted["node"] == ranked_first[0] and lifted["precision"] == "fp32"
+    assert lifted["added_rel_error"] > 0
     assert int8.details["quantized_nodes"] == 5  # one of the six MatMuls stays in float
     steps = [(a["step"], a["accuracy_ok"]) for a in int8.details["attempts"]]
-    assert steps == [("defaults", False), ("fused subgraphs off", False), ("back-off 1", True)]
+    assert steps == [("defaults", False), ("fused subgraphs off", False), ("lift top 1", True)]
     ranking = int8.details["sensitivity"]
     assert len(ranking) == 6 and {r["node"] for r in ranking} == {f"layer{i}" for i in range(6)}
     errors = [r["added_rel_error"] for r in ranking]
     assert errors == sorted(errors, reverse=True) and errors[0] > 0
-    assert any("int8 back-off 1 (1 node(s) in float): pass" in line for line in ctx.logs)  # type: ignore[attr-defined]
+    logs = ctx.logs  # type: ignore[attr-defined]
+    assert any("int8 lift top 1 (1 node(s) out of int8, float parts at f32): pass" in line for line in logs)
+
+
+def _ranking_spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The sensitivity ranking the stage computes, recorded as it is returned."""
+    import optimize.runtimes.openvino.quantize as quantize_module
+
+    ranked: list[str] = []
+    real_rank = quantize_module.rank_sensitive_nodes
+
+    def spy(*args: object) -> list[tuple[str, float]]:
+        ranking = real_rank(*args)  # type: ignore[arg-type]
+        ranked[:] = [name for name, _ in ranking]
+        return ranking
+
+    monkeypatch.setattr(quantize_module, "rank_sensitive_nodes", spy)
+    return ranked
+
+
+def test_back_off_bisects_to_the_fewest_nodes_that_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lifts grow 1, 2, 4 of ten nodes; 4 passes, and the bisection finds that 3 do too."""
+    model = make_mlp(tmp_path / "mlp.onnx", layers=10)
+    ranked = _ranking_spy(monkeypatch)
+
+    def gate(cand: Candidate) -> AccuracyResult:
+        ok = bool(ranked) and set(ranked[:3]) <= set(cand.details["excluded_nodes"])
+        return AccuracyResult(ok, "" if ok else "test gate", {})
+
+    ctx = context(tmp_path, model, _x(), check=gate, bf16=False)
+    int8 = load_stage("openvino-quantize").run(Candidate("baseline", model), ctx)[0]
+    steps = [(a["step"], a["accuracy_ok"]) for a in int8.details["attempts"]]
+    lifts = [("lift top 1", False), ("lift top 2", False), ("lift top 4", True), ("lift top 3", True)]
+    assert steps[2:] == lifts
+    assert int8.details["excluded_nodes"] == ranked[:3] and int8.details["accuracy_gate"] == "passed"
+    assert [entry["node"] for entry in int8.details["lifted"]] == ranked[:3]
+
+
+def test_bf16_variant_is_judged_at_bf16_and_lifts_more_where_bf16_needs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """f32 float parts pass with one node out of int8; at bf16 the gate wants two: the bf16 variant
+    goes on from where the f32 back-off stopped, and its lifted nodes run at bf16."""
+    import optimize.runtimes.openvino.quantize as quantize_module
+
+    monkeypatch.setattr(quantize_module, "precision_hints", lambda options: ["bf16", "f32"])
+    model = make_mlp(tmp_path / "mlp.onnx", layers=6)
+    ranked = _ranking_spy(monkeypatch)
+    judged: list[tuple[str, int]] = []
+
+    def gate(cand: Candidate) -> AccuracyResult:
+        hint = cand.details["precision_hint"]
+        excluded = set(cand.details["excluded_nodes"])
+        judged.append((hint, len(excluded)))
+        ok = bool(ranked) and set(ranked[: 2 if hint == "bf16" else 1]) <= excluded
+        return AccuracyResult(ok, "" if ok else f"test gate at {hint}", {})
+
+    ctx = context(tmp_path, model, _x(), check=gate)
+    f32, bf16 = load_stage("openvino-quantize").run(Candidate("baseline", model), ctx)
+    assert f32.precision == "int8+fp32" and f32.details["excluded_nodes"] == ranked[:1]
+    assert bf16.precision == "int8+bf16" and bf16.details["precision_hint"] == "bf16"
+    assert bf16.details["excluded_nodes"] == ranked[:2] and bf16.details["accuracy_gate"] == "passed"
+    assert {entry["precision"] for entry in bf16.details["lifted"]} == {"bf16"}
+    # f32: defaults, fused subgraphs off, lift 1 (pass); bf16: the same, with fused subgraphs off,
+    # then on from one node: lift 2 (pass).
+    assert judged == [("f32", 0), ("f32", 0), ("f32", 1), ("bf16", 1), ("bf16", 1), ("bf16", 2)]
+    steps = [(a["step"], a["float_parts"], a["accuracy_ok"]) for a in bf16.details["attempts"]][-3:]
+    assert steps == [
+        ("float parts at bf16", "bf16", False),
+        ("float parts at bf16", "bf16", False),
+        ("lift top 2", "bf16", True),
+    ]
 
 
 def test_int8_that_never_passes_is_proposed_as_failed(tmp_path: Path) -> None:
@@ -146,7 +222,7 @@ def test_int8_that_never_passes_is_proposed_as_failed(tmp_path: Path) -> None:
     cands = load_stage("openvino-quantize").run(Candidate("baseline", model), ctx)
     assert cands[0].details["accuracy_gate"] == "failed"
     steps = [a["step"] for a in cands[0].details["attempts"]]
-    assert steps == ["defaults", "fused subgraphs off", "back-off 1", "back-off 2"]
+    assert steps == ["defaults", "fused subgraphs off", "lift top 1", "lift top 2"]
     assert any("warning: calibrating NNCF int8 on" in line for line in ctx.logs)  # type: ignore[attr-defined]
 
 
@@ -224,7 +300,9 @@ def test_fused_subgraphs_go_off_when_that_makes_a_candidate_accurate(tmp_path: P
     assert cands[0].details["accuracy_gate"] == "passed" and cands[0].details["excluded_nodes"] == []
     assert "broken by fused subgraphs" in cands[0].details["snippets"]
     assert all(c.runtime_config["SNIPPETS_MODE"] == "DISABLE" for c in cands)
-    assert labels == ["openvino-quantize:int8", "openvino-quantize:int8-nosnippets"]  # no back-off
+    # No back-off; the bf16 variant, judged at bf16 too, goes straight to fused subgraphs off.
+    assert labels[:2] == ["openvino-quantize:int8", "openvino-quantize:int8-nosnippets"]
+    assert labels[2:] == (["openvino-quantize:int8-bf16-nosnippets"] if has_bf16() else [])
     with open_model(cands[0]) as ov:  # the setting reaches the compiled model
         assert ov.describe()["config"]["SNIPPETS_MODE"] == "DISABLE"
     converted = load_stage("openvino-convert").run(
