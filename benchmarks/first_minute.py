@@ -39,7 +39,8 @@ from typing import Any
 from benchmarks.corpus_speedups import Run, alone_speedups, judge_outside, lto_command, one_line_error
 from corpus import ENTRIES, CorpusError, Entry
 from corpus.data import write_calib_npz, write_input_npz
-from optimize.env import cpu_class, cpu_isa_flags
+from optimize.bench.peaks import machine_class, machine_peaks
+from optimize.env import cpu_isa_flags, cpu_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SEARCHES = {
@@ -243,9 +244,13 @@ def prior(rows: list[Row]) -> str:
         "# artifact (won), the artifact's speedup over ONNX Runtime defaults then (gain, geometric mean)",
         "# and the seconds the stage ran (cost_s, median). Written by python -m benchmarks.first_minute",
         f"# --write-prior, {date.today().isoformat()}, on this machine "
-        f"({cpu_class(cpu_isa_flags())} CPU class).",
+        f"({machine_class(cpu_isa_flags(), machine_peaks())} class, by measured rates).",
         "",
     ]
+    isa = sorted(cpu_isa_flags() & {"avx2", "avx512_vnni", "avx512_bf16", "amx_bf16"})
+    machine = (
+        f"{cpu_model()} ({', '.join(isa) or 'no AVX2'}), {os.cpu_count()} vCPUs, {date.today().isoformat()}"
+    )
     for (kind, cpu, stage), cell in sorted(tally.items()):
         costs = sorted(cell["costs"])
         median = (
@@ -258,6 +263,7 @@ def prior(rows: list[Row]) -> str:
             "[[stage]]",
             f'kind = "{kind}"',
             f'cpu = "{cpu}"',
+            f'machine = "{machine}"',
             f'stage = "{stage}"',
             f"tried = {cell['tried']}",
             f"won = {cell['won']}",

@@ -293,10 +293,22 @@ def has_vnni(flags: set[str]) -> bool:
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
+def has_bf16_isa(flags: set[str]) -> bool:
+    """Native bf16 arithmetic: AVX-512 BF16 dot products or AMX tiles."""
+    return bool(flags & set(BF16_FLAGS))
+
+
+# The classes the search prior is kept by (optimize/bench/peaks.py places a machine in one).
+MACHINE_CLASSES = ("amx", "bf16", "vnni", "avx2", "other")
+
+
 def cpu_class(flags: set[str]) -> str:
-    """What decides which candidates win on a CPU, in one word: native bf16 (OpenVINO's bf16
-    leads), int8 dot products (VNNI), AVX2 only, or other (ARM and older x86)."""
-    if flags & set(BF16_FLAGS):
+    """What decides which candidates win on a CPU, in one word, from its ISA flags: bf16 in a matrix
+    engine (amx), bf16 as vector dot products (bf16), int8 dot products (vnni), AVX2 only, or other
+    (ARM and older x86). optimize.bench.peaks places a machine by measured rates instead."""
+    if "amx_bf16" in flags:
+        return "amx"
+    if has_bf16_isa(flags):
         return "bf16"
     if has_vnni(flags):
         return "vnni"

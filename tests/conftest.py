@@ -18,6 +18,9 @@ SAMPLES = ROOT / "sample_models"
 # the tests' runs must neither read nor add to it, or one test would order another's stages.
 # Set for every process the tests start; the history's own tests set it to a file of their own.
 os.environ["LTO_HISTORY"] = "off"
+# Nor measure the machine's arithmetic rates in every run with a fresh cache (optimize/bench/peaks.py):
+# the class then comes from the ISA flags; the rates' own tests turn it back on.
+os.environ["LTO_PEAKS"] = "off"
 
 
 def make_matmul_model(

@@ -22,8 +22,8 @@ from typing import Any
 from optimize import interrupts
 from optimize.accuracy import MetricError, accuracy_json
 from optimize.artifact import write_artifact
-from optimize.bench import BenchSettings, Comparison, Measurement
-from optimize.env import cpu_class, cpu_isa_flags, machine_fingerprint
+from optimize.bench import BenchSettings, Comparison, Measurement, peaks
+from optimize.env import cpu_isa_flags, machine_fingerprint
 from optimize.errors import first_line, full_text
 from optimize.evidence import numerics
 from optimize.onnx_file import file_has_external_data
@@ -126,7 +126,11 @@ class Pipeline:
         self._evaluator: Evaluator | None = None
         self.record.deadline = self._deadline
         # The order the stages run in, by expected gain per second (pipeline/order.py).
-        self.cpu = cpu_class(cpu_isa_flags())
+        # The machine's class in the prior, from its measured arithmetic rates (once per machine).
+        if not peaks.cached():
+            self.record.status("measuring this machine's fp32, int8 and bf16 rates (once, a few seconds)")
+        self.peaks = peaks.machine_peaks()
+        self.cpu = peaks.machine_class(cpu_isa_flags(), self.peaks)
         self.fingerprint = machine_fingerprint()
         self.history = order.history_path()
         past = order.read_history(self.history, self.fingerprint)
@@ -135,6 +139,7 @@ class Pipeline:
         self.record.search = {
             "order": request.search_order,
             "cpu_class": self.cpu,
+            "machine_rates_gops": self.peaks.to_json() if self.peaks else None,
             "stages": [odds.to_json() for _, odds in self.plan],
             "history": str(self.history) if self.history else None,
         }
@@ -651,6 +656,7 @@ class Pipeline:
                 "speedup_ci95": list(speedup_ci),
                 "recipe": self.recipe.name,
                 "numerics": best_numerics,
+                "lifted": section["best"]["lifted"],
             },
             report_writer=write_report,
             force=self.request.force,

@@ -28,7 +28,7 @@ import numpy as np
 
 from optimize import env
 from optimize.backend import Backend, TensorSpec
-from optimize.env import check_thread_count
+from optimize.env import BF16_FLAGS, check_thread_count, has_bf16_isa
 from optimize.errors import BackendUnavailable, ModelError, UsageError, message_line
 from optimize.inputs import model_input_specs
 from optimize.interrupts import ensure_signal_stack
@@ -45,7 +45,6 @@ DEFAULT_CONFIG: dict[str, Any] = {
 PRECISIONS = ("f32", "bf16")
 HINTS = ("LATENCY", "THROUGHPUT")
 # CPU flags (as /proc/cpuinfo names them) that give OpenVINO native bf16 kernels.
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # Where the ONNX model's dynamic dim names travel inside an IR (OpenVINO keeps no dim names), and
 # its output names: a compiled port carries every name its tensor had, and get_any_name() may
 # return an inner one ("/LayerNormalization_4_output_0" for "last_hidden_state").
@@ -56,8 +55,7 @@ OUTPUT_NAMES_KEY = "lto_output_names"
 def has_bf16(flags: set[str] | None = None) -> bool:
     """Whether this CPU runs bf16 natively (the ISA reader is optimize.env.cpu_isa_flags)."""
 
-    have = env.cpu_isa_flags() if flags is None else flags
-    return bool(have & set(BF16_FLAGS))
+    return has_bf16_isa(env.cpu_isa_flags() if flags is None else flags)
 
 
 def import_openvino() -> Any:

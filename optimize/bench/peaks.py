@@ -1,0 +1,219 @@
+"""This machine's arithmetic rates, measured once and cached by machine fingerprint: what places the
+machine in the search prior's classes (optimize/pipeline/order.py, docs/search-order.md).
+
+ISA flags alone lump unlike machines together: an Intel Xeon with AMX and an AMD Zen 4 both report
+bf16, yet AMX's bf16 is a matrix engine several times its fp32 rate while Zen 4's is a vector dot
+product at about twice fp32 and half its int8 rate, and different candidates win on each. So the
+rates the candidates will run at are measured: a square matrix product in fp32 and int8 through
+ONNX Runtime (MatMul, MatMulInteger) and in bf16 through OpenVINO (where it is installed and the CPU
+has native bf16), on the physical cores, in a child process of its own (one runtime's thread pool
+never times the other's), about a second on first use.
+
+$LTO_PEAKS=off skips the measurement (the class then comes from the ISA flags alone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from optimize.env import cpu_class, cpu_isa_flags, has_bf16_isa, machine_fingerprint, physical_cores
+from optimize.files import cache_root, write_json_atomic
+
+PEAKS_ENV = "LTO_PEAKS"
+CACHE_NAME = "machine-peaks.json"
+SIZE = 512  # M = N = K: 268 M multiply-adds x 2, about 1.4 ms at fp32 on 2 Zen 4 threads
+RUN_S = 0.3  # timed per precision, after a warm-up
+CHILD_TIMEOUT_S = 90.0
+# bf16 over fp32 at or above this is a matrix engine (AMX); between the two, vector bf16 (measured
+# here 2026-12-06 on a Zen 4, 2 threads: fp32 ~205, int8 ~790, bf16 ~340 G ops/s; bf16/fp32 1.65).
+MATRIX_BF16_RATIO = 3.0
+VECTOR_BF16_RATIO = 1.3
+# int8 over fp32 at or above this is a dot-product unit (VNNI: 3.9 on that Zen 4); AVX2's 16-bit
+# multiply-adds give about 2.
+DOT_INT8_RATIO = 3.0
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """Measured rates in G operations per second (a multiply-add counts 2); None: not measured."""
+
+    fp32: float
+    int8: float | None
+    bf16: float | None
+    threads: int
+    measured_at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rate(run: Callable[[], object]) -> float:
+    """G ops/s of `run` (one SIZE^3 product), best of three RUN_S/3 windows after a warm-up."""
+    for _ in range(3):
+        run()
+    best = 0.0
+    for _ in range(3):
+        count, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < RUN_S / 3:
+            run()
+            count += 1
+        best = max(best, count * 2 * SIZE**3 / elapsed / 1e9)
+    return best
+
+
+def _ort_rate(threads: int, integer: bool) -> float:
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    kind = TensorProto.UINT8 if integer else TensorProto.FLOAT
+    weight = TensorProto.INT8 if integer else TensorProto.FLOAT
+    out = TensorProto.INT32 if integer else TensorProto.FLOAT
+    node = helper.make_node("MatMulInteger" if integer else "MatMul", ["a", "b"], ["c"])
+    graph = helper.make_graph(
+        [node],
+        "peak",
+        [
+            helper.make_tensor_value_info("a", kind, [SIZE, SIZE]),
+            helper.make_tensor_value_info("b", weight, [SIZE, SIZE]),
+        ],
+        [helper.make_tensor_value_info("c", out, [SIZE, SIZE])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    if integer:
+        feeds = {
+            "a": rng.integers(0, 255, (SIZE, SIZE), dtype=np.uint8),
+            "b": rng.integers(-127, 127, (SIZE, SIZE), dtype=np.int8),
+        }
+    else:
+        feeds = {n: rng.standard_normal((SIZE, SIZE)).astype(np.float32) for n in ("a", "b")}
+    return _rate(lambda: session.run(None, feeds))
+
+
+def _openvino_bf16_rate(threads: int) -> float | None:
+    try:
+        import numpy as np
+        import openvino as ov
+        import openvino.opset13 as ops
+    except ImportError:
+        return None
+    rng = np.random.default_rng(0)
+    a = ops.parameter([SIZE, SIZE], np.float32, name="a")
+    b = ops.constant(rng.standard_normal((SIZE, SIZE)).astype(np.float32))
+    model = ov.Model([ops.matmul(a, b, False, False)], [a], "peak")
+    config = {
+        "INFERENCE_PRECISION_HINT": "bf16",
+        "INFERENCE_NUM_THREADS": threads,
+        "PERFORMANCE_HINT": "LATENCY",
+    }
+    request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
+    feed = {"a": rng.standard_normal((SIZE, SIZE)).astype(np.float32)}
+    return _rate(lambda: request.infer(feed))
+
+
+def measure_here(threads: int) -> Peaks:
+    """The rates, measured in this process (the child's job: see measure)."""
+    fp32 = _ort_rate(threads, integer=False)
+    int8 = _ort_rate(threads, integer=True)
+    bf16 = _openvino_bf16_rate(threads) if has_bf16_isa(cpu_isa_flags()) else None
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return Peaks(round(fp32, 1), round(int8, 1), None if bf16 is None else round(bf16, 1), threads, stamp)
+
+
+def measure(threads: int | None = None) -> Peaks | None:
+    """The rates, measured in a child process; None when that fails (the ISA class stands)."""
+    threads = threads or physical_cores()
+    root = str(Path(__file__).resolve().parents[2])
+    code = (
+        f"import sys; sys.path.insert(0, {root!r}); "
+        f"from optimize.bench.peaks import _child; _child({threads})"
+    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=CHILD_TIMEOUT_S
+        )
+        data = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+    return Peaks(**data) if isinstance(data, dict) else None
+
+
+def _child(threads: int) -> None:
+    print(json.dumps(measure_here(threads).to_json()))
+
+
+def _cache_path() -> Path:
+    return cache_root() / CACHE_NAME
+
+
+def _off() -> bool:
+    return os.environ.get(PEAKS_ENV, "").strip().lower() in ("off", "0", "none")
+
+
+def _read_cache() -> dict[str, Any]:
+    with contextlib.suppress(OSError, ValueError):
+        cached = json.loads(_cache_path().read_text(encoding="utf-8"))
+        return cached if isinstance(cached, dict) else {}
+    return {}
+
+
+def cached() -> bool:
+    """Whether machine_peaks() answers without measuring."""
+    return _off() or isinstance(_read_cache().get(machine_fingerprint()), dict)
+
+
+def machine_peaks() -> Peaks | None:
+    """This machine's rates: from the cache, else measured now and cached; None when $LTO_PEAKS is
+    off or the measurement failed."""
+    if os.environ.get(PEAKS_ENV, "").strip().lower() in ("off", "0", "none"):
+        return None
+    fingerprint = machine_fingerprint()
+    path = _cache_path()
+    cached: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        cached = json.loads(path.read_text(encoding="utf-8"))
+    entry = cached.get(fingerprint) if isinstance(cached, dict) else None
+    if isinstance(entry, dict):
+        with contextlib.suppress(TypeError):
+            return Peaks(**entry)
+    peaks = measure()
+    if peaks is not None:
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(
+                path, {**(cached if isinstance(cached, dict) else {}), fingerprint: peaks.to_json()}
+            )
+    return peaks
+
+
+def machine_class(flags: set[str], peaks: Peaks | None) -> str:
+    """The prior's class for this machine: from the measured rates where they were measured (bf16
+    as a matrix engine, bf16 as a vector unit, int8 dot products), else from the ISA flags."""
+    if peaks is None:
+        return cpu_class(flags)
+    if peaks.bf16 is not None:
+        ratio = peaks.bf16 / peaks.fp32
+        if ratio >= MATRIX_BF16_RATIO:
+            return "amx"
+        if ratio >= VECTOR_BF16_RATIO:
+            return "bf16"
+    if peaks.int8 is not None and peaks.int8 / peaks.fp32 >= DOT_INT8_RATIO:
+        return "vnni"
+    return "avx2" if "avx2" in flags else "other"
+
+
+__all__ = ["Peaks", "cached", "machine_class", "machine_peaks", "measure", "measure_here"]
