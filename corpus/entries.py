@@ -199,11 +199,13 @@ def _det_inputs(entry: Entry, n: int, seed: int) -> list[Feed]:
     return [_det_feed(synth.text_page(rng, DET_SIZE, DET_SIZE)) for _ in range(n)]
 
 
-def _det_metric(ref: Sequence[Feed], cand: Sequence[Feed], inputs: Sequence[Feed]) -> MetricResult:
+def _det_metric(
+    ref: Sequence[Feed], cand: Sequence[Feed], inputs: Sequence[Feed], output: str = "sigmoid_0.tmp_0"
+) -> MetricResult:
     ious = []
     for r, c in zip(ref, cand, strict=True):
         # DBPostProcess binarizes the probability map at thresh 0.3 before finding text boxes.
-        a, b = _output(r, "sigmoid_0.tmp_0") > 0.3, _output(c, "sigmoid_0.tmp_0") > 0.3
+        a, b = _output(r, output) > 0.3, _output(c, output) > 0.3
         union = np.logical_or(a, b).sum()
         ious.append(1.0 if union == 0 else float(np.logical_and(a, b).sum() / union))
     worst = min(ious)
@@ -212,6 +214,37 @@ def _det_metric(ref: Sequence[Feed], cand: Sequence[Feed], inputs: Sequence[Feed
         f"over {len(ious)} pages (pass >= 0.95)"
     )
     return MetricResult(worst, worst >= 0.95, detail)
+
+
+# ---------------------------------------------------------------- rapidocr 3: PP-OCRv6 recognizer
+
+REC_H, REC_W = 48, 640  # rapidocr's rec height; the width pinned for lines up to 13:1
+REC_OUTPUT = "fetch_name_0"  # the v6 models' only output (det: the map, rec: per-step softmax)
+
+
+def _rec_line(img: Image.Image) -> np.ndarray:
+    """rapidocr TextRecognizer.resize_norm_img: height 48, width by the line's ratio, (x/255-0.5)/0.5,
+    BGR, zero-padded on the right to the pinned width (rapidocr pads to the batch's widest line)."""
+    w = min(REC_W, math.ceil(REC_H * img.width / img.height))
+    resized = _chw(img.resize((w, REC_H), Image.BILINEAR)) / 255.0
+    out = np.zeros((3, REC_H, REC_W), dtype=np.float32)
+    out[:, :, :w] = (resized - 0.5) / 0.5
+    return out
+
+
+def _rec_inputs(entry: Entry, n: int, seed: int) -> list[Feed]:
+    rng = np.random.default_rng(seed)
+    return [{"x": _rec_line(synth.text_line(rng))[None]} for _ in range(n)]
+
+
+def _rec_metric(ref: Sequence[Feed], cand: Sequence[Feed], inputs: Sequence[Feed]) -> MetricResult:
+    equal = 0
+    for r, c in zip(ref, cand, strict=True):
+        a, b = _output(r, REC_OUTPUT)[0], _output(c, REC_OUTPUT)[0]  # [steps, classes], blank 0
+        equal += scoring.ctc_greedy(a) == scoring.ctc_greedy(b)
+    score = equal / len(ref)
+    detail = f"greedy CTC decode equal on {equal}/{len(ref)} text lines (pass = all)"
+    return MetricResult(score, equal == len(ref), detail)
 
 
 # ---------------------------------------------------------------- rapidocr: text direction classifier
@@ -451,6 +484,34 @@ _ENTRIES = [
         metric_fn=_det_metric,
         photo_feed=_det_feed,
         photo_size=DET_SIZE,
+    ),
+    Entry(
+        name="rapidocr-v6-det",
+        package="rapidocr",
+        version="3.10.0",
+        path="rapidocr/models/PP-OCRv6_det_small.onnx",
+        sha256="090f04abcd9d9a7498bc4ebf677e4cb9bdce1fe4197ddb7e529f1ef44e1ff94f",
+        description="PP-OCRv6 small DB text detector (GELU blocks), opset 11; x float [N,3,H,W] -> "
+        "probability map [N,1,H,W]",
+        shapes=(f"x=1x3x{DET_SIZE}x{DET_SIZE}",),
+        metric_name="min IoU",
+        inputs_fn=_det_inputs,
+        metric_fn=functools.partial(_det_metric, output=REC_OUTPUT),
+        photo_feed=_det_feed,
+        photo_size=DET_SIZE,
+    ),
+    Entry(
+        name="rapidocr-v6-rec",
+        package="rapidocr",
+        version="3.10.0",
+        path="rapidocr/models/PP-OCRv6_rec_small.onnx",
+        sha256="6f327246b50388f3c176ae304bd95767ea6dc0c9ae92153ef8cbe210b3c14884",
+        description="PP-OCRv6 small text-line recognizer (conv stem, attention blocks), CTC over "
+        "18,710 classes, opset 11; x float [N,3,48,W] -> [N,W/8,18710]",
+        shapes=(f"x=1x3x{REC_H}x{REC_W}",),
+        metric_name="equal fraction",
+        inputs_fn=_rec_inputs,
+        metric_fn=_rec_metric,
     ),
     Entry(
         name="rapidocr-cls",

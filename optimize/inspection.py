@@ -491,6 +491,14 @@ def _op_histogram(model: onnx.ModelProto) -> list[dict[str, Any]]:
     ]
 
 
+def model_flops(path: str | os.PathLike[str], shapes: dict[str, tuple[int, ...]]) -> int | None:
+    """FLOPs of one run of the model at these input shapes (the convention above); None when some
+    dim is still dynamic."""
+    p = Path(path)
+    compute = _compute(load_model(p, load_external_data=False), shapes, p.parent)
+    return int(compute["flops"]) if compute.get("available") else None
+
+
 def inspect_model(
     path: str | os.PathLike[str], shapes: dict[str, tuple[int, ...]] | None = None
 ) -> dict[str, Any]:

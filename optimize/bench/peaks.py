@@ -216,4 +216,22 @@ def machine_class(flags: set[str], peaks: Peaks | None) -> str:
     return "avx2" if "avx2" in flags else "other"
 
 
-__all__ = ["Peaks", "cached", "machine_class", "machine_peaks", "measure", "measure_here"]
+def efficiency(flops: int, latency_ms: float, precision: str, peaks: Peaks) -> dict[str, Any]:
+    """The artifact's arithmetic rate (the model's FLOPs per run over its latency) beside this
+    machine's measured rate for its main precision (int8 for int8+bf16): how much headroom the
+    kernels leave. Elementwise work counts in the FLOPs, so a model far from the product-bound
+    case sits well below the peak whatever its runtime."""
+    main = precision.partition("+")[0]
+    peak = {"fp32": peaks.fp32, "int8": peaks.int8, "bf16": peaks.bf16}.get(main)
+    achieved = flops / (latency_ms / 1e3) / 1e9
+    return {
+        "model_flops": flops,
+        "latency_ms": latency_ms,
+        "achieved_gops": float(f"{achieved:.4g}"),
+        "peak_precision": main,
+        "peak_gops": peak,
+        "share_of_peak": float(f"{achieved / peak:.4g}") if peak else None,
+    }
+
+
+__all__ = ["Peaks", "cached", "efficiency", "machine_class", "machine_peaks", "measure", "measure_here"]

@@ -26,6 +26,7 @@ from optimize.bench import BenchSettings, Comparison, Measurement, peaks
 from optimize.env import cpu_isa_flags, machine_fingerprint
 from optimize.errors import first_line, full_text
 from optimize.evidence import numerics
+from optimize.inspection import model_flops
 from optimize.onnx_file import file_has_external_data
 from optimize.pipeline import judge, order
 from optimize.pipeline.baseline import Baseline, prepare_baseline, prepare_inputs
@@ -635,6 +636,7 @@ class Pipeline:
             numerics=best_numerics,
             unverified=self._unverified_section(baseline, unverified),
             time_to_best_s=record.best_at[best.label],
+            efficiency=self._efficiency(baseline, value, best.precision),
         )
         report = optimize_report(record, figures)
         section = report["optimize"]
@@ -664,6 +666,18 @@ class Pipeline:
         partial_report_path(record.out_dir).unlink(missing_ok=True)
         order.append_history(self.history, self.fingerprint, self._stage_runs(best, original, speedup))
         return PipelineResult(report, record.records, best, exit_code, record.out_dir, verdict)
+
+    def _efficiency(self, baseline: Baseline, latency_ms: float, precision: str) -> dict[str, Any] | None:
+        """The artifact's G ops/s against the machine's measured rate; None where either is unknown
+        (rates off, dynamic dims): a figure for the report, never a reason for a run to fail."""
+        if self.peaks is None or baseline.external_data:
+            return None
+        shapes = {name: tuple(array.shape) for name, array in baseline.feeds.items()}
+        try:
+            flops = model_flops(baseline.model_path, shapes)
+        except Exception:  # an uncountable graph costs the report one line, nothing more
+            return None
+        return peaks.efficiency(flops, latency_ms, precision, self.peaks) if flops else None
 
     def _stage_runs(self, best: Candidate, original: Candidate, speedup: float) -> list[order.StageRun]:
         """What each stage that measured or failed did in this run, for the history: whether it

@@ -53,6 +53,8 @@ class FinalFigures:
     unverified: dict[str, Any] | None = None
     # Seconds from the start of the run until the artifact's candidate became the best.
     time_to_best_s: float = 0.0
+    # The artifact's arithmetic rate against this machine's measured one (bench.peaks.efficiency).
+    efficiency: dict[str, Any] | None = None
 
 
 def final_line(
@@ -106,6 +108,7 @@ def optimize_report(run: RunRecord, final: FinalFigures) -> dict[str, Any]:
             "lifted": list(final.best.details.get("lifted") or []),
         },
         "unverified": final.unverified,
+        "efficiency": final.efficiency,
         "speedup": final.speedup,
         "speedup_ci95": list(final.speedup_ci),
         "final_comparison": final.final_comparison,

@@ -372,6 +372,13 @@ def render_markdown_section(section: Mapping[str, Any]) -> str:
             f"**{section['speedup']:.2f}x** vs the ONNX Runtime default baseline "
             f"(95% CI {slo:.2f}–{shi:.2f}, side by side, each in its own process)"
         )
+        eff = section.get("efficiency")
+        if eff and eff.get("share_of_peak") is not None:
+            lines.append(
+                f"- efficiency: {eff['model_flops'] / 1e9:.3g} GFLOP per run in {eff['latency_ms']:.3f} ms: "
+                f"{eff['achieved_gops']:.0f} G ops/s, {eff['share_of_peak']:.0%} of this machine's measured "
+                f"{eff['peak_precision']} matrix-product rate ({eff['peak_gops']:.0f} G ops/s)"
+            )
         if section.get("time_to_best_s") is not None:
             lines.append(
                 f"- found after {section['time_to_best_s']:.0f} s of a {section['elapsed_s']:.0f} s run "

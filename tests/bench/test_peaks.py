@@ -66,3 +66,32 @@ def test_every_prior_row_names_the_machine_that_measured_it() -> None:
         assert row.get("machine"), row
         # The AMX Xeon's rows are filed under amx, not with vector-bf16 machines.
         assert ("AMX" in row["machine"]) == (row["cpu"] == "amx"), row
+
+
+def test_efficiency_is_the_model_rate_beside_the_rate_of_its_main_precision() -> None:
+    zen4 = _peaks(200.0, 800.0, 340.0)
+    eff = peaks.efficiency(2_000_000_000, 5.0, "int8+bf16", zen4)  # 2 GFLOP in 5 ms: 400 G ops/s
+    assert eff["achieved_gops"] == 400.0 and eff["peak_precision"] == "int8" and eff["peak_gops"] == 800.0
+    assert eff["share_of_peak"] == 0.5
+    assert peaks.efficiency(2_000_000_000, 5.0, "fp32", zen4)["share_of_peak"] == 2.0
+    assert peaks.efficiency(2_000_000_000, 5.0, "bf16", _peaks(200.0, 800.0, None))["share_of_peak"] is None
+
+
+def test_a_run_reports_the_artifacts_rate_against_the_machines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from optimize.render.optimize_section import render_markdown_section
+    from tests.pipeline.test_pipeline import FakeStage, model_candidate, run_fake
+
+    monkeypatch.setattr(peaks, "machine_peaks", lambda: _peaks(100.0, 300.0, None))
+    result, _ = run_fake(tmp_path, {"fake-fast": FakeStage(model_candidate("fake-fast"))}, {"fake-fast": 0.5})
+    section = result.report["optimize"]
+    eff = section["efficiency"]
+    assert section["search"]["machine_rates_gops"]["fp32"] == 100.0
+    assert eff["peak_precision"] == "fp32" and eff["peak_gops"] == 100.0 and eff["model_flops"] > 0
+    assert eff["latency_ms"] == section["target"]["best_ms"]  # the artifact's own figure
+    rate = eff["model_flops"] / eff["latency_ms"] / 1e6
+    assert eff["achieved_gops"] == pytest.approx(rate, abs=0.06) and eff["share_of_peak"] == pytest.approx(
+        rate / 100.0, abs=1e-3
+    )
+    assert "- efficiency: " in render_markdown_section(section)

@@ -69,3 +69,23 @@ def test_the_encoder_check_passes_small_noise_and_fails_a_scrambled_similarity_r
     cosine = float(re.search(r"cosine min ([\d.]+)", result.detail).group(1))  # type: ignore[union-attr]
     spearman = float(re.search(r"Spearman ([\d.]+)", result.detail).group(1))  # type: ignore[union-attr]
     assert not result.passed and cosine >= 0.99 and spearman < 0.995, result.detail
+
+
+def test_the_v6_recognizer_inputs_and_check() -> None:
+    """PP-OCRv6 lines: height 48, normalized to [-1, 1], padded on the right; the check passes on
+    equal decodes and fails when one line's best class changes at one step."""
+    from corpus.entries import REC_OUTPUT, get
+
+    entry = get("rapidocr-v6-rec")
+    samples = entry.make_inputs(3, seed=0)
+    assert all(s["x"].shape == (1, 3, 48, 640) and s["x"].dtype == np.float32 for s in samples)
+    assert all(s["x"].min() >= -1.0 and s["x"].max() <= 1.0 for s in samples)
+    assert any(np.all(s["x"][..., -8:] == 0) for s in samples)  # short lines are padded with zeros
+    rng = np.random.default_rng(0)
+    ref = [{REC_OUTPUT: rng.random((1, 80, 50)).astype(np.float32)} for _ in samples]
+    assert entry.metric(ref, ref, samples).passed
+    changed = [{k: v.copy() for k, v in r.items()} for r in ref]
+    step = changed[1][REC_OUTPUT][0, 10]
+    step[np.argmin(step)] = 2.0  # another class wins at step 10: another decode
+    result = entry.metric(ref, changed, samples)
+    assert not result.passed and "2/3 text lines" in result.detail
