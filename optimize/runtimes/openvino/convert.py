@@ -10,6 +10,9 @@ pinned thread waits for its core).
 
 Each candidate is checked against the pipeline's accuracy gate before it is proposed; one that fails
 is proposed with the CPU plugin's fused subgraphs off instead when that passes (backend.py says why).
+A bf16 candidate that still fails, in a model with attention, is tried once more with attention's
+activation x activation MatMuls kept at f32 (`bf16+fp32`), the one bf16 -> f32 lift per node that
+the CPU plugin honours (docs/mixed-precision.md).
 
 Options: bf16 (true), search_threads (true), search_pinning (false), threads.
 """
@@ -17,6 +20,7 @@ Options: bf16 (true), search_threads (true), search_pinning (false), threads.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import openvino as ov  # a missing package skips the stage with its name (runtimes.load_stage)
@@ -25,11 +29,13 @@ from optimize.env import physical_cores
 from optimize.runtimes.openvino.ir import (
     candidate,
     gated,
+    keep_at_f32,
     precision_hints,
     runtime_config,
     source_model,
     write_ir,
 )
+from optimize.runtimes.openvino.sensitivity import attention_matmuls
 from optimize.stage import Candidate, Stage, StageContext
 
 
@@ -70,5 +76,33 @@ class OpenVinoConvertStage(Stage):
                         config=runtime_config(hint, threads, pinning),
                         details={"source": why, "threads": threads},
                     )
-                    out.append(gated(cand, ctx)[0])
+                    chosen, result = gated(cand, ctx)
+                    out.append(chosen)
+                    if hint == "bf16" and not result.ok:
+                        lifted = self._attention_at_f32(chosen, model, ir, ctx, suffix)
+                        if lifted is not None:
+                            out.append(lifted)
         return out
+
+    def _attention_at_f32(
+        self, failed: Candidate, model: Any, ir: Any, ctx: StageContext, suffix: str
+    ) -> Candidate | None:
+        """`failed` (a bf16 candidate the gate refused) with attention's MatMuls at f32, when the
+        model has attention and that passes the gate; else None."""
+        names = attention_matmuls(model)
+        if not names:
+            return None
+        marked = keep_at_f32(ir, names, ctx.workdir / f"ir-attention-f32{suffix}")
+        lifted = [{"node": name, "precision": "fp32"} for name in names]
+        cand = replace(
+            failed,
+            label=failed.label.replace(":bf16", ":bf16-attention-f32", 1),
+            model_path=marked,
+            precision="bf16+fp32",
+            details={**failed.details, "lifted": lifted},
+            extra_files=[marked.with_suffix(".bin")],
+        )
+        result = ctx.check_accuracy(cand)
+        verdict = "passes" if result.ok else f"fails too ({result.reason})"
+        ctx.log(f"{failed.label}: with attention's {len(names)} MatMuls at f32 it {verdict}")
+        return cand if result.ok else None

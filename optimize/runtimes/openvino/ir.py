@@ -69,6 +69,41 @@ def write_ir(model: Any, folder: Path, source: Path) -> Path:
     return path
 
 
+# The runtime attribute OpenVINO's CPU plugin reads to keep a node at its original precision under a
+# reduced-precision hint (docs/mixed-precision.md says which nodes it survives to).
+KEEP_PRECISION_ATTRIBUTE = {"name": "DisablePrecisionConversion", "version": "0", "value": "dynamic:f16"}
+
+
+def keep_at_f32(ir: Path, names: list[str], folder: Path) -> Path:
+    """A copy of `ir` (its .xml rewritten, its .bin linked or copied) in which the named layers carry
+    the attribute that keeps them at f32 under a bf16 hint. The attribute lives in the IR, so any
+    OpenVINO host (Triton's openvino backend too) honours it; Python's runtime-info API cannot write
+    it (it would store a plain string, which the plugin ignores)."""
+    import os
+    import shutil
+    import xml.etree.ElementTree as ET
+
+    tree = ET.parse(ir)
+    wanted = set(names)
+    for layer in tree.getroot().iter("layer"):
+        if layer.get("name") not in wanted:
+            continue
+        rt_info = layer.find("rt_info")
+        if rt_info is None:
+            rt_info = ET.Element("rt_info")
+            layer.insert(0, rt_info)
+        ET.SubElement(rt_info, "attribute", KEEP_PRECISION_ATTRIBUTE)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / IR_NAME
+    tree.write(out, encoding="utf-8", xml_declaration=True)
+    weights = out.with_suffix(".bin")
+    try:
+        os.link(ir.with_suffix(".bin"), weights)
+    except OSError:
+        shutil.copyfile(ir.with_suffix(".bin"), weights)
+    return out
+
+
 def runtime_config(precision_hint: str, threads: int, pinning: bool | None = None) -> dict[str, Any]:
     config = {**DEFAULT_CONFIG, "INFERENCE_PRECISION_HINT": precision_hint, "INFERENCE_NUM_THREADS": threads}
     config["ENABLE_CPU_PINNING"] = pinning
@@ -159,8 +194,10 @@ def candidate(
 
 __all__ = [
     "BACKEND",
+    "KEEP_PRECISION_ATTRIBUTE",
     "candidate",
     "gated",
+    "keep_at_f32",
     "precision_hints",
     "runtime_config",
     "source_model",

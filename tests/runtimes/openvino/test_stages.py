@@ -309,3 +309,57 @@ def test_fused_subgraphs_go_off_when_that_makes_a_candidate_accurate(tmp_path: P
         Candidate("baseline", model), context(tmp_path, model, _x(), check=gate)
     )
     assert [c.label.endswith("-nosnippets") for c in converted] == [True] * len(converted)
+
+
+def test_bf16_that_fails_is_tried_with_attention_at_f32(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one bf16 -> f32 lift per node OpenVINO's CPU plugin honours: attention's activation x
+    activation MatMuls, marked in the IR itself so that any OpenVINO host keeps them at f32."""
+    import openvino as ov
+
+    import optimize.runtimes.openvino.convert as convert_module
+
+    monkeypatch.setattr(convert_module, "precision_hints", lambda options: ["bf16", "f32"])
+    model = SAMPLES / "bert_tiny.onnx"
+    feeds = {
+        "input_ids": np.ones((1, 8), np.int64),
+        "attention_mask": np.ones((1, 8), np.int64),
+        "token_type_ids": np.zeros((1, 8), np.int64),
+    }
+
+    def gate(cand: Candidate) -> AccuracyResult:
+        ok = cand.details["precision_hint"] == "f32" or "lifted" in cand.details
+        return AccuracyResult(ok, "" if ok else "bf16 attention (test gate)", {})
+
+    ctx = context(tmp_path, model, feeds, check=gate, search_threads=False)
+    cands = load_stage("openvino-convert").run(Candidate("baseline", model), ctx)
+    labels = [c.label for c in cands]
+    assert labels == [
+        "openvino-convert:bf16",  # refused by the gate, with fused subgraphs off too: rejected
+        "openvino-convert:bf16-attention-f32",
+        "openvino-convert:f32",
+    ]
+    lifted = cands[1]
+    assert lifted.precision == "bf16+fp32" and lifted.details["precision_hint"] == "bf16"
+    names = {entry["node"] for entry in lifted.details["lifted"]}
+    assert len(names) == 4 and all(entry["precision"] == "fp32" for entry in lifted.details["lifted"])
+    assert lifted.model_path.with_suffix(".bin") in lifted.extra_files
+    # The attribute survives OpenVINO's IR reader, on exactly those layers.
+    marked = {
+        op.get_friendly_name()
+        for op in ov.Core().read_model(str(lifted.model_path)).get_ordered_ops()
+        if any(key.startswith("DisablePrecisionConversion") for key in op.get_rt_info())
+    }
+    assert marked == names
+    if has_bf16():  # and the CPU plugin runs them at f32 under the bf16 hint
+        with open_model(lifted) as compiled:
+            assert compiled.run(feeds)
+        core = ov.Core()
+        runtime = core.compile_model(str(lifted.model_path), "CPU", {"INFERENCE_PRECISION_HINT": "bf16"})
+        precisions = {
+            str(op.get_rt_info()["runtimePrecision"].astype(str))
+            for op in runtime.get_runtime_model().get_ordered_ops()
+            if names & set(op.get_rt_info()["originalLayersNames"].astype(str).split(","))
+        }
+        assert precisions == {"f32"}
