@@ -7,7 +7,7 @@ folder imports the other.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,9 +131,31 @@ def backoff_sizes(total: int, rounds: int) -> list[int]:
     return sizes
 
 
+def bisect_towards_fewest(
+    last_fail: int,
+    first_pass: int,
+    passes: Callable[[int], bool],
+    stop: Callable[[], bool],
+    rounds: int = 2,
+) -> int:
+    """Between a count of nodes in float known to fail and one known to pass, try the midpoint
+    `rounds` times (fewer when `stop()` says time is up): the fewest found that pass. Each node kept
+    in float costs speed, and the doubling that found `first_pass` overshoots by up to half."""
+    for _ in range(rounds):
+        if first_pass - last_fail <= 1 or stop():
+            break
+        mid = (last_fail + first_pass) // 2
+        if passes(mid):
+            first_pass = mid
+        else:
+            last_fail = mid
+    return first_pass
+
+
 __all__ = [
     "DEFAULT_CALIB_SAMPLES",
     "backoff_sizes",
+    "bisect_towards_fewest",
     "calibration_samples",
     "channel_error",
     "generated_calibration",

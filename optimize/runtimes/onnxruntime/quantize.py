@@ -61,7 +61,12 @@ from optimize.runtimes.onnxruntime.quant_search import (
     workaround_for,
 )
 from optimize.runtimes.onnxruntime.quant_sensitivity import CONV_WEIGHT_OPS, rank_sensitive_nodes
-from optimize.runtimes.quantization import backoff_sizes, calibration_samples, generated_calibration
+from optimize.runtimes.quantization import (
+    backoff_sizes,
+    bisect_towards_fewest,
+    calibration_samples,
+    generated_calibration,
+)
 from optimize.stage import Candidate, OnnxRuntimeStage, StageContext, StageSkipped
 
 if TYPE_CHECKING:
@@ -474,17 +479,16 @@ class _Search:
                 first_pass = size
                 break
             last_fail = size
-        # Bisect between the last failing and the first passing prefix: fewer nodes in float.
-        for _ in range(2):
-            if first_pass is None or first_pass - last_fail <= 1 or out_of_time():
-                break
-            mid = (last_fail + first_pass) // 2
-            tried = attempt([*user_excluded, *ranked[:mid]], f"top {mid} by added error")
+
+        def prefix_passes(size: int) -> bool:
+            tried = attempt([*user_excluded, *ranked[:size]], f"top {size} by added error")
             if tried is not None and tried.result.ok:
                 passing.append(tried)
-                first_pass = mid
-            else:
-                last_fail = mid
+                return True
+            return False
+
+        if first_pass is not None:
+            bisect_towards_fewest(last_fail, first_pass, prefix_passes, out_of_time)
         if not passing:
             return first, ranking
         best = min(passing, key=lambda t: (cost(t.excluded), len(t.excluded)))

@@ -52,7 +52,7 @@ from optimize.runtimes.openvino.ir import (
     write_ir,
 )
 from optimize.runtimes.openvino.sensitivity import attention_matmuls, quantized_nodes, rank_sensitive_nodes
-from optimize.runtimes.quantization import backoff_sizes, calibration_samples
+from optimize.runtimes.quantization import backoff_sizes, bisect_towards_fewest, calibration_samples
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 
 DEFAULT_BACKOFF_ROUNDS = 3
@@ -220,6 +220,12 @@ class OpenVinoQuantizeStage(Stage):
             """Lift the first nodes of `ranked` out of int8 (they run at `hint`), more each round
             (10 %, 20 %, 40 % ... of them, past the `start` already known to fail), then bisect
             back towards the fewest that pass."""
+
+            def lift_passes(size: int) -> bool:
+                lifted = [*base.excluded, *ranked[:size]]
+                done = optional(f"lift top {size}", base.settings, lifted, base.snippets, hint)
+                return done is not None and done.result.ok
+
             last_fail, first_pass = start, None
             sizes = [size for size in backoff_sizes(len(ranked), 8) if size > start][:rounds]
             for size in sizes:
@@ -227,22 +233,12 @@ class OpenVinoQuantizeStage(Stage):
                     skipped = {"skipped": "stage deadline reached", "float_parts": _PRECISION_OF_HINT[hint]}
                     attempts.append({"step": f"lift top {size}", **skipped})
                     return
-                lifted = [*base.excluded, *ranked[:size]]
-                done = optional(f"lift top {size}", base.settings, lifted, base.snippets, hint)
-                if done is not None and done.result.ok:
+                if lift_passes(size):
                     first_pass = size
                     break
                 last_fail = size
-            for _ in range(2):
-                if first_pass is None or first_pass - last_fail <= 1 or out_of_time():
-                    break
-                mid = (last_fail + first_pass) // 2
-                lifted = [*base.excluded, *ranked[:mid]]
-                done = optional(f"lift top {mid}", base.settings, lifted, base.snippets, hint)
-                if done is not None and done.result.ok:
-                    first_pass = mid
-                else:
-                    last_fail = mid
+            if first_pass is not None:
+                bisect_towards_fewest(last_fail, first_pass, lift_passes, out_of_time)
 
         # The ladder at f32, cheapest and fastest-running first, stopping at the first accurate
         # model: NNCF's defaults; transformers: SmoothQuant the other way, then attention's own
