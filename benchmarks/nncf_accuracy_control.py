@@ -41,6 +41,11 @@ def _worst_cosine(ref: np.ndarray, got: np.ndarray) -> float:
     return float(np.min(dot[live] / norm[live])) if live.any() else 1.0
 
 
+def _settings(config: Any) -> dict[str, Any]:
+    """A candidate's OpenVINO settings as compile_model takes them (unset ones left out)."""
+    return {key: value for key, value in dict(config).items() if value is not None}
+
+
 def _run(compiled: Any, feeds: Sequence[Feed]) -> list[np.ndarray]:
     request = compiled.create_infer_request()
     return [np.array(request.infer(dict(f))[compiled.output(0)], copy=True) for f in feeds]
@@ -125,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         onnx.save(onnx.load(str(entry.model_path())), str(onnx_path))
 
         def gate(cand: Candidate) -> AccuracyResult:
-            compiled = core.compile_model(str(cand.model_path), "CPU", dict(cand.runtime_config))
+            compiled = core.compile_model(str(cand.model_path), "CPU", _settings(cand.runtime_config))
             worst = min(_worst_cosine(r, g) for r, g in zip(reference, _run(compiled, judge), strict=True))
             ok = worst >= GATE
             return AccuracyResult(ok, "" if ok else f"worst cosine {worst:.4f} < {GATE}", {})
@@ -144,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             compiled[f"nncf-ac@{hint}"] = core.compile_model(controlled, "CPU", cfg)
         for cand in lto_cands:
             compiled[f"lto:{cand.precision}"] = core.compile_model(
-                str(cand.model_path), "CPU", dict(cand.runtime_config)
+                str(cand.model_path), "CPU", _settings(cand.runtime_config)
             )
         fresh_ref = _run(compiled["float@f32"], fresh)
         fresh_worst = {
