@@ -63,6 +63,16 @@ GAIN_SPREAD = 0.35
 # (1% as a log-ratio) is not run.
 MIN_EXPECTED_GAIN = math.log(1.01)
 ORDERS = ("gain", "recipe")
+# A class with no rows of its own is ordered by the nearest class that has some, nearest first:
+# what the two share decides which candidates lead (native bf16 of either kind, int8 dot products).
+# Such odds only order the search: a stage never run here is still run (not_worth_reason).
+NEAREST_CLASSES = {
+    "bf16": ("amx", "vnni"),
+    "amx": ("bf16", "vnni"),
+    "vnni": ("bf16", "avx2"),
+    "avx2": ("vnni",),
+    "other": (),
+}
 _NORMAL = NormalDist()
 
 
@@ -194,13 +204,18 @@ def append_history(path: Path | None, fingerprint: str, runs: Iterable[StageRun]
 def odds_for(
     stage: str, kind: str, cpu: str, priors: Sequence[Mapping[str, Any]], history: Sequence[Mapping[str, Any]]
 ) -> Odds:
-    """The prior for (kind, cpu, stage) — else the stage's rows on this CPU class for any kind —
-    with this machine's runs of the same kind and stage added."""
-    rows = [r for r in priors if r["stage"] == stage and r["cpu"] == cpu and r["kind"] == kind]
+    """The prior for (kind, cpu, stage), else the stage's rows on this machine class for any kind,
+    else the same from the nearest class that has rows (NEAREST_CLASSES); with this machine's runs
+    of the same kind and stage added."""
+    rows: list[Mapping[str, Any]] = []
     where = "corpus"
-    if not rows:
-        rows = [r for r in priors if r["stage"] == stage and r["cpu"] == cpu]
-        where = "corpus, other kinds"
+    for row_cpu in (cpu, *NEAREST_CLASSES.get(cpu, ())):
+        same = [r for r in priors if r["stage"] == stage and r["cpu"] == row_cpu]
+        rows = [r for r in same if r["kind"] == kind] or same
+        if rows:
+            kinds = "" if rows[0]["kind"] == kind else ", other kinds"
+            where = f"corpus{kinds}" if row_cpu == cpu else f"corpus, {row_cpu} machines{kinds}"
+            break
     tried = sum(float(r["tried"]) for r in rows)
     won = sum(float(r["won"]) for r in rows)
     log_gain = sum(float(r["won"]) * math.log(max(float(r["gain"]), 1e-9)) for r in rows)

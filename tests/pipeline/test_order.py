@@ -256,3 +256,27 @@ def test_a_stage_whose_fastest_candidate_was_unverified_is_tried_again_first(
     second, _ = run_fake(tmp_path / "b", stages, {"fake-int8": 0.4}, model=model, time_budget_s=120,
                          default_budget=True, eval_data=confident_rows(tmp_path / "e.npz", 16))  # fmt: skip
     assert by_label(second)["fake-int8"].status == "kept"
+
+
+def test_a_class_without_rows_is_ordered_by_the_nearest_class_but_never_skipped_by_it() -> None:
+    """A Zen 4 (vector bf16) has no rows of its own: the AMX Xeon's rows order its search, and
+    under the default budget none of its stages is left out on their strength."""
+
+    def row(cpu: str, stage: str, won: int, gain: float) -> dict[str, Any]:
+        return {"kind": "cnn", "cpu": cpu, "stage": stage, "tried": 6, "won": won, "gain": gain, "cost_s": 15}
+
+    priors = [row("amx", "openvino-convert", 4, 2.5), row("amx", "memory-layout", 0, 1.0),
+              row("avx2", "memory-layout", 6, 1.5)]  # fmt: skip
+    assert set(order.NEAREST_CLASSES) == set(MACHINE_CLASSES)
+    assert all(set(near) <= set(MACHINE_CLASSES) for near in order.NEAREST_CLASSES.values())
+    convert = order.odds_for("openvino-convert", "cnn", "bf16", priors, [])
+    layout = order.odds_for("memory-layout", "cnn", "bf16", priors, [])
+    assert convert.source == "corpus, amx machines" and convert.won == 4 and convert.runs_here == 0
+    assert layout.won == 0 and layout.source == "corpus, amx machines"  # amx is nearer than avx2
+    stages = [StageSpec("memory-layout"), StageSpec("openvino-convert")]
+    assert _names(order.plan(stages, "cnn", "bf16", priors=priors)) == ["openvino-convert", "memory-layout"]
+    assert order.not_worth_reason(layout, best=2.5) == ""  # never run here: run it
+    # The class's own rows, once it has some, come first.
+    own = [*priors, {"kind": "cnn", "cpu": "bf16", "stage": "memory-layout", "tried": 2, "won": 2,
+                     "gain": 1.9, "cost_s": 10}]  # fmt: skip
+    assert order.odds_for("memory-layout", "cnn", "bf16", own, []).source == "corpus"
