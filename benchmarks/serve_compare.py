@@ -12,7 +12,7 @@ with the same ONNX file and one ONNX Runtime intra-op thread in every server:
    FastAPI also with binary ones;
 3. lto serve and FastAPI under 3x their measured capacity for --overload-seconds: answers by
    status, goodput against capacity, server RSS against its idle figure, and a normal request
-   right after. Capacity and overload use the raw-socket load generator (optimize/serve/raw_load.py),
+   right after. Capacity and overload use the raw-socket load generator (harness/raw_load.py),
    which needs a fifth of a core where the aiohttp client needed most of one: on 2 cores the
    generator would otherwise take the server's CPU and the goodput figure would measure that.
 
@@ -48,9 +48,9 @@ import numpy as np
 
 from benchmarks.serve_overhead import low_load, raw_overhead, start_server, stop_server
 from corpus.entries import get as corpus_entry
+from harness.raw_load import infer_load
 from optimize.serve.loadgen import Endpoint, HttpEndpoint, LoadSettings, run_load
 from optimize.serve.protocol import encode_request
-from optimize.serve.raw_load import infer_load
 
 ROOT = Path(__file__).resolve().parent.parent
 

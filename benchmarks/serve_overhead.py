@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.raw_load import binary_infer_request, http_request
 from optimize.inputs import parse_shape_args, resolve_inputs
 from optimize.runtimes.backends import open_backend
 from optimize.serve.batcher import Batcher, BatcherConfig
@@ -41,7 +42,6 @@ from optimize.serve.loadgen import (
     LoadSettings,
     run_load,
 )
-from optimize.serve.raw_load import binary_infer_request, http_request
 
 ROOT = Path(__file__).resolve().parent.parent
 

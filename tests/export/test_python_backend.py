@@ -1,10 +1,10 @@
-"""The python-backend model lto exports (optimize/export/python_backend.py), driven as Triton drives
+"""The python-backend model lto exports (optimize/export/templates/model.py), driven as Triton drives
 it, with a stand-in for Triton's triton_python_backend_utils: one model run per dynamic batch, each
 request's rows back to it, an error for every request of a batch that failed."""
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import json
 import sys
 import types
@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from optimize.export.triton import PYTHON_MODEL
 from tests.cli_helpers import run_cli
 from tests.conftest import make_matmul_model
 
@@ -40,8 +41,12 @@ def model_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     utils.TritonError = str  # type: ignore[attr-defined]
     utils.get_input_tensor_by_name = lambda request, name: _Tensor(name, request[name])  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", utils)
-    monkeypatch.delitem(sys.modules, "optimize.export.python_backend", raising=False)
-    return importlib.import_module("optimize.export.python_backend")
+    # Loaded from its file, as Triton loads it: it is package data, not a module of lto's.
+    spec = importlib.util.spec_from_file_location("triton_model", PYTHON_MODEL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _exported(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
@@ -91,9 +96,7 @@ def test_a_dynamic_batch_is_one_run_and_each_request_gets_its_rows(
 
 def test_the_export_holds_the_model_and_the_whole_artifact(tmp_path: Path) -> None:
     folder, _ = _exported(tmp_path)
-    assert (folder / "1" / "model.py").read_text() == (
-        Path(__file__).resolve().parents[2] / "optimize" / "export" / "python_backend.py"
-    ).read_text()
+    assert (folder / "1" / "model.py").read_text() == PYTHON_MODEL.read_text()
     manifest = json.loads((folder / "1" / "artifact" / "manifest.json").read_text())
     assert all((folder / "1" / "artifact" / rel).is_file() for rel in manifest["files"])
     marker = json.loads((folder / "lto-export.json").read_text())

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from harness import tritonserver
 from optimize.errors import BackendUnavailable
-from optimize.export import tritonserver
 from tests.cli_helpers import run_cli
 from tests.conftest import make_matmul_model
 from tests.serve.test_server import _start_serve

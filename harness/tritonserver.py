@@ -224,7 +224,7 @@ def start(
         "--allow-grpc=true", *extra_args,
     ]  # fmt: skip
     run_env = {**os.environ, **(env or {})}
-    if python_path:  # the stub's embedded interpreter ignores PYTHONPATH (python_backend.py)
+    if python_path:  # the stub's embedded interpreter ignores PYTHONPATH (optimize/export/templates/model.py)
         paths = [str(stub_numpy(found)), *python_path]
         run_env["LTO_PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     with log.open("wb") as out:
