@@ -202,7 +202,7 @@ def runs_for_percentile(q: float) -> int:
     return math.ceil(math.log(0.025) / math.log(q / 100.0))
 
 
-TAIL_PERCENTILES = {"p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+TAIL_PERCENTILES = {key: q for key, q in PERCENTILES.items() if q > 50.0}
 
 
 def tail_flags(runs: int) -> dict[str, int]:

@@ -29,13 +29,13 @@ from optimize.recipes import (
     recipe_for_kind,
 )
 from optimize.runtimes.registry import quantize_stages, searched_runtimes, stage_runtime
+from optimize.stats import PERCENTILES
 from optimize.thresholds import Thresholds
 from optimize.units import PERCENTILE_HINT, clock_text
 
 if TYPE_CHECKING:
     from optimize.accuracy import UserMetric
 
-PERCENTILES = ("p50", "p90", "p95", "p99", "p999")  # report keys of units.PERCENTILE_LABELS
 # The search's bound when none is given: stages run by expected gain per second (pipeline/order.py),
 # so the first two minutes hold the candidates that win on the corpus; `--time-budget none` runs all.
 DEFAULT_TIME_BUDGET_S = 120.0
@@ -110,7 +110,7 @@ class OptimizeRequest:
     def validate(self) -> None:
         if self.target_ms is not None and not (self.target_ms > 0 and math.isfinite(self.target_ms)):
             raise UsageError(f"--target-ms must be a positive number, got {self.target_ms}")
-        if self.target_percentile not in PERCENTILES:
+        if self.target_percentile not in PERCENTILES:  # the report's keys (stats.PERCENTILES)
             raise UsageError(
                 f"--target-percentile {self.target_percentile!r} is not supported", PERCENTILE_HINT
             )
