@@ -112,10 +112,6 @@ def _as_samples(value: Outputs | Sequence[Outputs]) -> list[Outputs]:
     return list(value)
 
 
-def is_classifier_like(array: np.ndarray) -> bool:
-    return array.ndim == 2 and np.issubdtype(array.dtype, np.floating) and array.shape[1] > 1
-
-
 def _cosine(ref: np.ndarray, got: np.ndarray) -> float:
     a = ref.ravel()
     b = got.ravel()

@@ -58,14 +58,6 @@ def quantile_ci(
     return float(ordered[lo_rank]), float(ordered[hi_rank])
 
 
-def median_ci_width_rel(samples: Sequence[float] | np.ndarray, n: int = 400) -> float:
-    """Relative width of the median's 95% CI: (hi - lo) / median. Cheap enough for an adaptive stop."""
-    data = np.asarray(samples, dtype=np.float64)
-    lo, hi = quantile_ci(data, 50.0, resamples=n)
-    med = float(np.median(data))
-    return (hi - lo) / med if med > 0 else float("inf")
-
-
 def summarize(samples_ms: Sequence[float] | np.ndarray, ci_resamples: int = 2000) -> dict[str, Any]:
     """The latency block of a measurement."""
     data = np.asarray(samples_ms, dtype=np.float64)

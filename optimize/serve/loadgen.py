@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from optimize.errors import LtoError, UsageError
+from optimize.errors import UsageError
 from optimize.report import new_report
 from optimize.serve.batcher import ServeError
 from optimize.serve.protocol import HEADER_LENGTH, encode_request
@@ -584,7 +584,3 @@ def load_report(
         "verdict": verdict,
     }
     return report
-
-
-def check_reachable(exc: BaseException, url: str) -> LtoError:
-    return LtoError(f"cannot reach {url}: {exc}", "start it with `lto serve` or check the URL")
