@@ -1,5 +1,7 @@
-"""Measurement: the engine that times everything lto reports (`engine`), and the `lto bench`
-command's sweeps and comparisons built on it (`command`). Nothing else in lto times a model."""
+"""Measurement: the engine that times everything lto reports (`engine`); comparisons with each
+side in a worker process of its own (`apart`); the `lto bench` command's sweeps and comparisons
+(`command`) and its process-level repetitions (`repeat`); the machine's arithmetic rates, measured
+once (`peaks`). Nothing else in lto times a model."""
 
 from optimize.bench.apart import compare
 from optimize.bench.engine import (

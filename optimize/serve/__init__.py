@@ -1,6 +1,7 @@
 """`lto serve` and `lto load`: a dynamic-batching KServe v2 server and a LoadGen-style load generator.
 
 batcher.py   deadline-aware dynamic batching over backend instances (one thread each)
+clock.py     the batcher's time source, one Clock a test can step by hand
 protocol.py  the Open Inference Protocol codec (JSON and binary tensors)
 server.py    the KServe v2 endpoints, admission, metrics, Server-Timing, drain on SIGTERM
 http_layer.py the HTTP/1.1 layer under it (asyncio Protocol + httptools' parser) and its limits
