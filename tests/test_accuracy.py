@@ -283,6 +283,31 @@ def test_ctc_time_major_output_uses_its_batch_axis() -> None:
     assert fig["sequences"] == 2 and fig["decode_agreement"] == 0.5
 
 
+def test_a_ctc_step_whose_near_tie_moved_is_judged_by_the_decodes_not_by_its_slice() -> None:
+    """PP-OCRv6's recognizer at bf16: 48 of 48 decodes equal, one step's distribution cosine 0.25
+    (two classes near a tie traded places below the winner). The decodes judge a CTC head."""
+    rng = np.random.default_rng(4)
+    classes = 80  # 64 or more per step: each step is judged on its own, as 18,710 classes are
+    ref = [{"seq": _softmax(rng.standard_normal((1, 80, classes)) * 3)} for _ in range(8)]
+    near_tie = np.full(classes, 0.05 / (classes - 2))
+    near_tie[[7, 9]] = 0.5, 0.45  # class 7 wins step 10 by a hair
+    ref[0]["seq"][0, 10] = near_tie
+    got = [{"seq": r["seq"].copy()} for r in ref]
+    sure = np.full(classes, 0.09 / (classes - 2))
+    sure[[7, 9]] = 0.9, 0.01  # still class 7, now sure of it: the step's cosine falls to 0.75
+    got[0]["seq"][0, 10] = sure
+    choices = choose_metrics(ref)
+    assert choices["seq"].metric == "ctc"
+    result = check(ref, got, Thresholds(), choices=choices)
+    assert result.ok, result.reason
+    assert "slice" not in result.per_output["seq"] and result.per_output["seq"]["decode_agreement"] == 1.0
+    # A step whose winner changes changes the decode: that fails.
+    flipped = [{"seq": r["seq"].copy()} for r in ref]
+    flipped[0]["seq"][0, 10] = near_tie[[*range(7), 9, 8, 7, *range(10, classes)]]  # class 9 wins
+    result = check(ref, flipped, Thresholds(), choices=choices)
+    assert not result.ok and "greedy CTC decode equal" in result.reason
+
+
 # --- task metrics on arrays ---------------------------------------------------------------------
 
 
