@@ -441,7 +441,9 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
     return np.require(array, requirements="C")
 
 
-def _read_npz(path: Path, flag: str) -> dict[str, np.ndarray]:
+def read_npz(path: Path, flag: str) -> dict[str, np.ndarray]:
+    """Every array of a data file given as `flag` (--input-data, --calib-data ...), or one clear
+    error naming the flag: the one reader of users' .npz files."""
     if not path.is_file():
         raise InputError(f"{flag} file not found: {path}", f"pass an existing .npz file to {flag}")
     try:
@@ -458,15 +460,7 @@ def _load_npz(
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     """The arrays of an --input-data file, checked against the model's inputs, and warnings.
     `first_sample`: an array of samples stacked on a new first axis gives its first sample."""
-    if not path.is_file():
-        raise InputError(f"input data file not found: {path}", "pass an existing .npz file to --input-data")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            data = {k: npz[k] for k in npz.files}
-    except Exception as exc:
-        raise InputError(
-            f"cannot read {path} as .npz: {exc}", "save inputs with numpy.savez(path, name=array)"
-        ) from exc
+    data = read_npz(path, "--input-data")
     # First: an empty array would otherwise be reported as a size mismatch on axis 0.
     warnings = check_data_arrays(data, "--input-data")
     if first_sample:
@@ -689,7 +683,7 @@ def load_samples(
     """
     path = Path(path)
     axes = dict(axes) if axes is not None else batch_axes(specs)
-    arrays = _read_npz(path, flag)
+    arrays = read_npz(path, flag)
     warnings = check_data_arrays(arrays, flag)
     names = [s.name for s in specs]
     labels = {k: v for k, v in arrays.items() if k not in names}

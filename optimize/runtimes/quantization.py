@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from optimize.errors import InputError
-from optimize.inputs import generate_feeds, resolve_inputs
+from optimize.inputs import generate_feeds, read_npz, resolve_inputs
 from optimize.stage import StageContext
 
 DEFAULT_CALIB_SAMPLES = 16
@@ -45,13 +45,7 @@ def load_calibration(source: Any, like: Mapping[str, np.ndarray]) -> list[dict[s
                 raise InputError(f"calibration sample lacks input {missing[0]!r}")
         return samples
     path = Path(str(source))
-    if not path.is_file():
-        raise InputError(f"calibration data not found: {path}", "pass an .npz with one array per model input")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except Exception as exc:
-        raise InputError(f"cannot read calibration data {path}: {exc}") from exc
+    arrays = read_npz(path, "--calib-data")
     missing = sorted(set(like) - set(arrays))
     if missing:
         raise InputError(f"calibration data {path.name} has no array for input {missing[0]!r}")

@@ -190,6 +190,25 @@ def test_calib_data_rows_off_axis_zero_are_restacked_for_the_quantize_stage(tmp_
     assert len(samples) == 8 and samples[0]["state"].shape == (2, 1, 4) and samples[0]["sr"].shape == ()
 
 
+def test_every_data_file_is_read_by_one_reader_whose_errors_name_the_flag(tmp_path: Path) -> None:
+    from optimize.errors import InputError
+    from optimize.inputs import read_npz
+    from optimize.runtimes.quantization import load_calibration
+
+    like = {"x": np.zeros((1, 4), np.float32)}
+    with pytest.raises(InputError, match="--calib-data file not found"):
+        load_calibration(tmp_path / "none.npz", like)
+    broken = tmp_path / "broken.npz"
+    broken.write_bytes(b"not a zip")
+    with pytest.raises(InputError, match=r"cannot read --calib-data .*broken\.npz as \.npz") as info:
+        load_calibration(broken, like)
+    assert "numpy.savez" in info.value.one_line()
+    with pytest.raises(InputError, match="cannot read --input-data"):
+        read_npz(broken, "--input-data")
+    good = _npz(tmp_path / "good.npz", x=np.ones((3, 4), np.float32))
+    assert read_npz(good, "--eval-data")["x"].shape == (3, 4)
+
+
 # --- thresholds, task metrics, the user's metric ------------------------------------------------
 
 
