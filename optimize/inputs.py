@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,30 +16,23 @@ from optimize.errors import InputError, UsageError
 from optimize.files import sha256_file
 from optimize.inspection import largest_activation
 from optimize.onnx_file import load_model
-from optimize.shapes import opt_shapes, parse_shape_ranges
-
-_SHAPE_ARG = re.compile(r"^\s*([^=\s]+)\s*=\s*([0-9xX,\s]+)\s*$")
+from optimize.shapes import opt_shapes, parse_shape_range, parse_shape_ranges
 
 
 def parse_shape_args(args: list[str] | None) -> dict[str, tuple[int, ...]]:
-    """Parse repeated `--shape NAME=1x128` flags. NAME is an input name or a named dynamic dim."""
+    """Parse repeated `--shape NAME=1x128` pins (NAME: an input name or a named dynamic dim), each
+    read by the one --shape parser (optimize.shapes.parse_shape_range); a MIN:OPT:MAX range is
+    split off before (split_shape_args)."""
     shapes: dict[str, tuple[int, ...]] = {}
     for arg in args or []:
-        match = _SHAPE_ARG.match(arg)
-        if not match:
+        if ":" in arg:
             raise UsageError(
                 f"bad --shape {arg!r}", "write NAME=DIMS with dims joined by 'x', e.g. input_ids=1x128"
             )
-        name, dims_text = match.groups()
-        parts = [p for p in re.split(r"[xX,]", dims_text.replace(" ", ""))]
-        if not parts or any(not p.isdigit() for p in parts):
-            raise UsageError(f"bad --shape {arg!r}: dims must be whole numbers", "e.g. input_ids=1x128")
-        dims = tuple(int(p) for p in parts)
-        if any(d <= 0 for d in dims):
-            raise UsageError(f"bad --shape {arg!r}: every dim must be at least 1")
+        name, pinned = parse_shape_range(arg)
         if name in shapes:
             raise UsageError(f"--shape given twice for {name!r}")
-        shapes[name] = dims
+        shapes[name] = pinned.opt
     return shapes
 
 

@@ -38,7 +38,7 @@ _DIMS = re.compile(r"^\d+([xX]\d+)*$")
 
 
 def _parse_dims(text: str, arg: str) -> tuple[int, ...]:
-    text = text.strip()
+    text = text.replace(" ", "").replace(",", "x")  # 1x128, 1 x 128 and 1,128 are one shape
     if not _DIMS.match(text):
         raise InputError(
             f"bad shape {text!r} in --shape {arg!r}", "write dims as 1x128, a range as 1x128:8x128:32x128"
