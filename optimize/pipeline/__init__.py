@@ -10,8 +10,9 @@ candidates. After every candidate:
    percentile is below 1 - min_improvement AND the upper end of its 95% CI is below 1 (faster with
    confidence), twice, the second time on fresh processes.
 
-A stage that raises is recorded as failed and one that cannot handle the model as skipped; the
-run goes on with the best so far, and always ends with the best accurate candidate (the original
+A stage that raises is recorded as failed (unless the error is a programming error raised in
+lto's own code: that is a bug, and it stops the run with a partial report) and one that cannot
+handle the model as skipped; the run goes on with the best so far, and always ends with the best accurate candidate (the original
 model, on ONNX Runtime defaults, when nothing won).
 
 Every speedup in the per-stage table is measured: the candidate against the baseline in the same

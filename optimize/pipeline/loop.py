@@ -67,6 +67,20 @@ def _named(stage: str, text: str) -> str:
     return text if text.startswith(f"{stage}:") else f"{stage}: {text}"
 
 
+# Exception types that, raised by lto's own code, are its bugs (Olive re-raises the same kinds).
+PROGRAMMING_ERRORS = (TypeError, AttributeError, NameError, AssertionError, UnboundLocalError)
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def _own_programming_error(exc: BaseException) -> bool:
+    """A programming error whose innermost frame is in lto's own package (not in a library a stage
+    calls, where the same types mean the library refused the model)."""
+    if not isinstance(exc, PROGRAMMING_ERRORS):
+        return False
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(_PACKAGE_DIR)
+
+
 def _missing_folders(path: Path) -> list[Path]:
     """The folders of `path` that do not exist yet, deepest first (mkdir would create them)."""
     missing = []
@@ -527,8 +541,11 @@ class Pipeline:
                     close()
 
     def _stage_failure(self, spec: StageSpec, exc: BaseException) -> StageRecord:
-        """A stage bug or an unsupported model must not end the run: record it and go on."""
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, MetricError)):
+        """A model a stage cannot handle, or a library that fails on it, must not end the run:
+        record it and go on. A programming error raised in lto's own code is raised: recorded as
+        a "failed" row, a bug would pass for a limit of the model (the partial report says where
+        the run stopped)."""
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, MetricError)) or _own_programming_error(exc):
             raise exc
         tb = traceback.extract_tb(exc.__traceback__)
         where = f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""

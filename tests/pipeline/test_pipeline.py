@@ -610,6 +610,29 @@ def test_ctrl_c_leaves_no_artifact_but_a_partial_report(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".lto-work-*")) and not list(tmp_path.glob(".out.*"))
 
 
+def test_a_programming_error_in_lto_is_raised_not_recorded_as_a_failed_stage(tmp_path: Path) -> None:
+    """An AttributeError raised in lto's own code is a bug of lto's, not a limit of the model: the
+    run stops with it (and a partial report). A TypeError raised outside lto (here: the test's own
+    stage code, standing for a library a stage calls) stays a "failed" row."""
+    from optimize.evidence import numerics_of_precision
+
+    def buggy(candidate: Candidate, ctx: StageContext) -> list[Candidate]:
+        numerics_of_precision(None)  # type: ignore[arg-type]  # None.lower() inside optimize/evidence.py
+        return []
+
+    stages: dict[str, Stage] = {
+        "fake-fast": FakeStage(model_candidate("fake-fast")),
+        "fake-bug": FakeStage(buggy),
+    }
+    with pytest.raises(AttributeError):
+        run_fake(tmp_path / "a", stages, {"fake-fast": 0.5})
+    assert load_report(partial_report_path(tmp_path / "a" / "out"))["optimize"]["partial"] is True
+    library = {"fake-fast": FakeStage(model_candidate("fake-fast")),
+               "fake-lib": FakeStage(raising(TypeError("unsupported operand in a library")))}  # fmt: skip
+    result, _ = run_fake(tmp_path / "b", library, {"fake-fast": 0.5})
+    assert by_label(result)["fake-lib"].status == "failed"
+
+
 def test_crash_in_measurement_leaves_a_partial_report(tmp_path: Path) -> None:
     class Broken(FakeBench):
         def measure(self, *a: Any, **kw: Any) -> Measurement:
