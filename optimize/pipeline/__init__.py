@@ -12,8 +12,8 @@ candidates. After every candidate:
 
 A stage that raises is recorded as failed (unless the error is a programming error raised in
 lto's own code: that is a bug, and it stops the run with a partial report) and one that cannot
-handle the model as skipped; the run goes on with the best so far, and always ends with the best accurate candidate (the original
-model, on ONNX Runtime defaults, when nothing won).
+handle the model as skipped; the run goes on with the best so far, and always ends with the best
+accurate candidate (the original model, on ONNX Runtime defaults, when nothing won).
 
 Every speedup in the per-stage table is measured: the candidate against the baseline in the same
 comparison as its ratio to the best, never a product of ratios. The headline is the artifact's
