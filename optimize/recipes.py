@@ -8,7 +8,8 @@ Layout of a recipe:
 
     name = "cnn"
     description = "..."
-    order = ["graph-fusion", "operator-fusion", "memory-layout", "quantize", "tvm-tune", "tensorrt-build"]
+    order = ["operator-fusion", "quantize"]   # optional: the stages to run, in order (default:
+                                              # every stage lto has, in the registry's order)
 
     [stages.quantize]         # options of one stage; every stage has `enabled`, `budget_s`, `run_when`
     enabled = true
@@ -252,9 +253,8 @@ def parse_recipe(data: Mapping[str, Any], source: str, known_stages: Sequence[st
     name = top.get("name", Path(source).stem)
     description = top.get("description", "")
 
-    if "order" not in top:
-        raise UsageError(f"recipe {where}: order: missing", "list the stages in the order they run")
-    order = top["order"]
+    # No `order`: every stage lto has, in the registry's order (the tie-break of the search order).
+    order = top.get("order", stage_names)
     seen: set[str] = set()
     for i, stage_name in enumerate(order):
         if not isinstance(stage_name, str):

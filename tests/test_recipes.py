@@ -120,7 +120,6 @@ def test_recipe_by_path_and_minimal(tmp_path: Path) -> None:
         ),
         ('order = ["quantize", "quantize"]\n', "order[1]: stage 'quantize' listed twice"),
         ('order = "quantize"\n', "order: expected a list"),
-        ("name = 'x'\n", "order: missing"),
         (MINIMAL + "colour = 'red'\n", "colour: unknown key"),
         (MINIMAL + "[accuracy]\nmin_cosine = 'high'\n", "accuracy.min_cosine: expected a number"),
         (MINIMAL + "[accuracy]\nmin_cosine = 1.5\n", "accuracy.min_cosine: must be at most 1.0"),
@@ -197,3 +196,15 @@ def test_model_kind_detection(tmp_path: Path) -> None:
     assert recipe_for_kind("transformer") == "transformer"
     assert recipe_for_kind("cnn") == "cnn"
     assert recipe_for_kind("default") == "default"
+
+
+def test_a_recipe_without_an_order_runs_every_stage_in_the_registrys_order() -> None:
+    from optimize.recipes import parse_recipe
+    from optimize.runtimes.registry import stage_infos
+
+    recipe = parse_recipe({"name": "x", "stages": {"quantize": {"enabled": False}}}, "x.toml")
+    assert [s.name for s in recipe.stages] == list(stage_infos())
+    assert not next(s for s in recipe.stages if s.name == "quantize").enabled
+    # The shipped recipes write no order of their own: one list, the registry's.
+    for path in sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.toml")):
+        assert "\norder = " not in path.read_text(encoding="utf-8"), path.name
