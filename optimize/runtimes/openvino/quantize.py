@@ -201,10 +201,16 @@ class OpenVinoQuantizeStage(Stage):
                 ctx.log(f"int8 {step}: failed: {error}")
                 return None
 
+        def tried_at(hint: str) -> list[_Trial]:
+            return [t for t in tried if t.hint == hint]
+
+        def passed_at(hint: str) -> bool:
+            return any(t.result.ok for t in tried_at(hint))
+
         def best(hint: str = "f32") -> _Trial:
             """At `hint`: the passing trial with the fewest nodes out of int8 (the earliest of
             equals: fused subgraphs on), else the closest to passing."""
-            mine = [t for t in tried if t.hint == hint]
+            mine = tried_at(hint)
             passing = [t for t in mine if t.result.ok]
             if passing:
                 return min(passing, key=lambda t: (len(t.excluded), not t.snippets))
@@ -212,9 +218,6 @@ class OpenVinoQuantizeStage(Stage):
 
         def out_of_time() -> bool:
             return ctx.deadline is not None and time.monotonic() >= ctx.deadline
-
-        def at_bf16_ok() -> bool:
-            return any(t.hint == "bf16" and t.result.ok for t in tried)
 
         def back_off(base: _Trial, ranked: list[str], hint: str, start: int) -> None:
             """Lift the first nodes of `ranked` out of int8 (they run at `hint`), more each round
@@ -256,10 +259,11 @@ class OpenVinoQuantizeStage(Stage):
             top = best()
             optional("fused subgraphs off", top.settings, top.excluded, False)
         ranking: list[tuple[str, float]] = []
+        probe = [*samples[:4], dict(ctx.feeds)]  # the rows the ranking compares nodes on
         base = best()
         if not base.result.ok and rounds > 0 and not out_of_time():
             ctx.log(f"int8: still inaccurate ({base.result.reason}); ranking nodes by the error they add")
-            ranking = rank_sensitive_nodes(float_model, base.quantized, [*samples[:4], dict(ctx.feeds)])
+            ranking = rank_sensitive_nodes(float_model, base.quantized, probe)
             back_off(base, [n for n, _ in ranking if n not in base.excluded], "f32", 0)
         chosen = best()
         out = [self._finished(chosen, ranking, attempts)]
@@ -268,18 +272,17 @@ class OpenVinoQuantizeStage(Stage):
             # bf16 leaves too far off come out of int8 too, the fewest that pass, at bf16 (a node
             # cannot run at f32 under OpenVINO's bf16 hint: docs/mixed-precision.md).
             optional("float parts at bf16", chosen.settings, chosen.excluded, chosen.snippets, "bf16")
-            if not at_bf16_ok() and chosen.snippets and not out_of_time():
+            if not passed_at("bf16") and chosen.snippets and not out_of_time():
                 optional("float parts at bf16", chosen.settings, chosen.excluded, False, "bf16")
-            if not at_bf16_ok() and chosen.result.ok and rounds > 0 and not out_of_time():
+            if not passed_at("bf16") and chosen.result.ok and rounds > 0 and not out_of_time():
                 if not ranking:
-                    probe = [*samples[:4], dict(ctx.feeds)]
                     ranking = rank_sensitive_nodes(float_model, chosen.quantized, probe)
                 # On from where the f32 back-off stopped: chosen is base plus a prefix of the ranking.
                 ranked = [n for n, _ in ranking if n not in base.excluded]
-                snippets = best("bf16").snippets if any(t.hint == "bf16" for t in tried) else chosen.snippets
+                snippets = best("bf16").snippets if tried_at("bf16") else chosen.snippets
                 known = len(chosen.excluded) - len(base.excluded)
                 back_off(replace(base, snippets=snippets), ranked, "bf16", known)
-            if any(t.hint == "bf16" for t in tried):
+            if tried_at("bf16"):
                 out.append(self._finished(best("bf16"), ranking, attempts))
         return out
 
