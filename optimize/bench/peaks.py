@@ -176,27 +176,24 @@ def cached() -> bool:
     return _off() or isinstance(_read_cache().get(machine_fingerprint()), dict)
 
 
-def machine_peaks() -> Peaks | None:
-    """This machine's rates: from the cache, else measured now and cached; None when $LTO_PEAKS is
-    off or the measurement failed."""
-    if os.environ.get(PEAKS_ENV, "").strip().lower() in ("off", "0", "none"):
+def machine_peaks(announce: Callable[[], None] | None = None) -> Peaks | None:
+    """This machine's rates: from the cache, else measured now (`announce` is called first: it
+    takes a second) and cached; None when $LTO_PEAKS is off or the measurement failed."""
+    if _off():
         return None
     fingerprint = machine_fingerprint()
-    path = _cache_path()
-    cached: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        cached = json.loads(path.read_text(encoding="utf-8"))
-    entry = cached.get(fingerprint) if isinstance(cached, dict) else None
+    known = _read_cache()
+    entry = known.get(fingerprint)
     if isinstance(entry, dict):
         with contextlib.suppress(TypeError):
             return Peaks(**entry)
+    if announce is not None:
+        announce()
     peaks = measure()
     if peaks is not None:
         with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(
-                path, {**(cached if isinstance(cached, dict) else {}), fingerprint: peaks.to_json()}
-            )
+            _cache_path().parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(_cache_path(), {**known, fingerprint: peaks.to_json()})
     return peaks
 
 

@@ -142,9 +142,9 @@ class Pipeline:
         self.record.deadline = self._deadline
         # The order the stages run in, by expected gain per second (pipeline/order.py).
         # The machine's class in the prior, from its measured arithmetic rates (once per machine).
-        if not peaks.cached():
-            self.record.status("measuring this machine's fp32, int8 and bf16 rates (once, a few seconds)")
-        self.peaks = peaks.machine_peaks()
+        self.peaks = peaks.machine_peaks(
+            announce=lambda: self.record.status("measuring this machine's fp32, int8 and bf16 rates (once)")
+        )
         self.cpu = peaks.machine_class(cpu_isa_flags(), self.peaks)
         self.fingerprint = machine_fingerprint()
         self.history = order.history_path()

@@ -83,7 +83,7 @@ def test_a_run_reports_the_artifacts_rate_against_the_machines(
     from optimize.render.optimize_section import render_markdown_section
     from tests.pipeline.test_pipeline import FakeStage, model_candidate, run_fake
 
-    monkeypatch.setattr(peaks, "machine_peaks", lambda: _peaks(100.0, 300.0, None))
+    monkeypatch.setattr(peaks, "machine_peaks", lambda **_: _peaks(100.0, 300.0, None))
     result, _ = run_fake(tmp_path, {"fake-fast": FakeStage(model_candidate("fake-fast"))}, {"fake-fast": 0.5})
     section = result.report["optimize"]
     eff = section["efficiency"]
