@@ -230,10 +230,11 @@ def mix_lines(section: Mapping[str, Any], limit: int = 8) -> list[str]:
         for e in lifted[:limit]
     )
     more = f" and {len(lifted) - limit} more" if len(lifted) > limit else ""
+    errors = f" (relative error each added in {main})" if "added_rel_error" in lifted[0] else ""
+    elsewhere = f"{main} where quantized, {rest or 'fp32'} elsewhere" if main == "int8" else f"{main}"
     lines = [
-        f"- precision by layer: {main} where quantized, {rest or 'fp32'} elsewhere; {len(lifted)} "
-        f"node(s) lifted out of {main} to pass the accuracy gate, at {lifted[0]['precision']} "
-        f"(relative error each added in {main}): {names}{more}"
+        f"- precision by layer: {elsewhere}; {len(lifted)} node(s) lifted out of {main} to pass the "
+        f"accuracy gate, at {lifted[0]['precision']}{errors}: {names}{more}"
     ]
     row = next((r for r in (section.get("stages") or []) if r.get("label") == best.get("label")), {})
     attempts = (row.get("details") or {}).get("attempts") or []
@@ -283,7 +284,8 @@ def summary_lines(section: Mapping[str, Any], model_path: str) -> list[str]:
     if lifted:
         lines.append(
             f"- **Precision by layer**: {best.get('precision')}, {len(lifted)} node(s) lifted out of "
-            f"int8 at {lifted[0]['precision']} to pass the accuracy gate (Optimization below lists them)."
+            f"{str(best.get('precision')).partition('+')[0]} at {lifted[0]['precision']} to pass the "
+            "accuracy gate (Optimization below lists them)."
         )
     acc = section.get("accuracy") or {}
     evidence = acc.get("evidence") or {}

@@ -223,5 +223,12 @@ def test_a_mixed_precision_artifact_lists_its_lifted_nodes_and_the_search() -> N
     assert "| defaults | 0 | fp32 | fail (worst cosine 0.9000) |" in lines
     assert "| lift top 10 | 10 | bf16 | pass |" in lines
     assert "| lift top 20 |  | bf16 | NNCF failed |" in lines
+    # bf16 with attention kept at f32: no int8 in the words, no error figures.
+    attention = [{"node": "qk", "precision": "fp32"}, {"node": "sv", "precision": "fp32"}]
+    (line,) = mix_lines({"best": {"label": "b", "precision": "bf16+fp32", "lifted": attention}})
+    assert (
+        line
+        == "- precision by layer: bf16; 2 node(s) lifted out of bf16 to pass the accuracy gate, at fp32: `qk`, `sv`"
+    )
     # A single-precision artifact has no such lines.
     assert mix_lines({"best": {"label": "x", "precision": "int8", "lifted": []}}) == []
