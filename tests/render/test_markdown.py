@@ -226,9 +226,7 @@ def test_a_mixed_precision_artifact_lists_its_lifted_nodes_and_the_search() -> N
     # bf16 with attention kept at f32: no int8 in the words, no error figures.
     attention = [{"node": "qk", "precision": "fp32"}, {"node": "sv", "precision": "fp32"}]
     (line,) = mix_lines({"best": {"label": "b", "precision": "bf16+fp32", "lifted": attention}})
-    assert (
-        line
-        == "- precision by layer: bf16; 2 node(s) lifted out of bf16 to pass the accuracy gate, at fp32: `qk`, `sv`"
-    )
+    words = "2 node(s) lifted out of bf16 to pass the accuracy gate, at fp32: `qk`, `sv`"
+    assert line == f"- precision by layer: bf16; {words}"
     # A single-precision artifact has no such lines.
     assert mix_lines({"best": {"label": "x", "precision": "int8", "lifted": []}}) == []
