@@ -10,6 +10,9 @@ its int8 graphs would be quantized twice.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -79,10 +82,6 @@ def keep_at_f32(ir: Path, names: list[str], folder: Path) -> Path:
     the attribute that keeps them at f32 under a bf16 hint. The attribute lives in the IR, so any
     OpenVINO host (Triton's openvino backend too) honours it; Python's runtime-info API cannot write
     it (it would store a plain string, which the plugin ignores)."""
-    import os
-    import shutil
-    import xml.etree.ElementTree as ET
-
     tree = ET.parse(ir)
     wanted = set(names)
     for layer in tree.getroot().iter("layer"):
