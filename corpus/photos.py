@@ -48,6 +48,7 @@ class PhotoSource:
     path: str = next(iter(PHOTO_FILES))
     sha256: str = PHOTO_FILES[next(iter(PHOTO_FILES))]
     side_files: Mapping[str, str] = field(default_factory=lambda: dict(list(PHOTO_FILES.items())[1:]))
+    assemble: None = None  # the files are used as they are
 
 
 SOURCE = PhotoSource()

@@ -22,6 +22,11 @@ For each output the worst case over all samples is reported and judged:
 - integer and boolean outputs (token ids, masks, argmax indices) must match exactly;
 - optionally the user's own metric (`--metric FILE.py:FUNCTION`, see `load_user_metric`).
 
+Positions a transformer's attention mask marks as padding are not judged: where an input is a
+0/1 mask of [batch, sequence] and an output starts with the same [batch, sequence], the output's
+padded positions are outside the model's contract (every user pools or decodes the real tokens
+only), and a candidate's values there are taken as the reference's (`padding_masks`).
+
 Embeddings and outputs without a task metric need cosine >= min_cosine; outputs a task metric
 judges need the task metric's threshold and cosine >= min_task_cosine (a floor that catches a
 wrecked part while near-ties and int8 noise in logits do not fail a classifier that still agrees).
@@ -103,6 +108,41 @@ class AccuracyResult:
 
 class MetricError(UsageError):
     """The user's --metric file failed (import, signature, a raise, a bad return): a usage error."""
+
+
+# --- padded positions ---------------------------------------------------------------------------
+
+
+def padding_masks(inputs: Sequence[Outputs] | None) -> list[np.ndarray | None]:
+    """Per sample, which [batch, sequence] positions hold tokens: from an integer or boolean input
+    named like a mask (attention_mask, input_mask) that is 2-D and holds only 0 and 1, with at
+    least one 1 in each row. None for a sample without one (or with several that disagree)."""
+    masks: list[np.ndarray | None] = []
+    for feed in inputs or []:
+        found: np.ndarray | None = None
+        for name, value in feed.items():
+            arr = np.asarray(value)
+            if "mask" not in name.lower() or arr.ndim != 2 or arr.dtype.kind not in "biu":
+                continue
+            if not np.isin(arr, (0, 1)).all() or not arr.any(axis=1).all():
+                continue
+            real = arr.astype(bool)
+            if found is not None and not np.array_equal(found, real):
+                found = None
+                break
+            found = real
+        masks.append(found)
+    return masks
+
+
+def _unpadded(ref: np.ndarray, got: np.ndarray, real: np.ndarray | None) -> tuple[np.ndarray, int]:
+    """`got` with its padded positions set to the reference's, and how many positions that was;
+    only for an output of three or more axes that starts with the mask's [batch, sequence]."""
+    if real is None or got.ndim < 3 or got.shape[:2] != real.shape or real.all():
+        return got, 0
+    out = np.array(got, copy=True)
+    out[~real] = ref[~real]
+    return out, int((~real).sum())
 
 
 # --- figures of one output ----------------------------------------------------------------------
@@ -434,9 +474,13 @@ def compare_outputs(
     *,
     thresholds: Thresholds | None = None,
     choices: Mapping[str, MetricChoice] | None = None,
+    padding: Sequence[np.ndarray | None] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """Worst-case figures per output over all samples, and the structural problems found."""
+    """Worst-case figures per output over all samples, and the structural problems found.
+    `padding`: per sample, the token positions of an attention mask (`padding_masks`); the
+    others are not judged."""
     refs, gots = _as_samples(reference), _as_samples(outputs)
+    padding = list(padding or [])
     if len(refs) != len(gots):
         return {}, [f"{len(gots)} output samples for {len(refs)} reference samples"]
     if thresholds is not None:
@@ -450,7 +494,8 @@ def compare_outputs(
     names = list(dict.fromkeys(name for sample in refs for name in sample))
     for name in names:
         pairs: list[tuple[np.ndarray, np.ndarray]] = []
-        for ref_sample, got_sample in zip(refs, gots, strict=True):
+        padded = 0
+        for index, (ref_sample, got_sample) in enumerate(zip(refs, gots, strict=True)):
             if name not in ref_sample:
                 continue
             if name not in got_sample:
@@ -462,6 +507,8 @@ def compare_outputs(
                     f"output {name!r} has shape {list(got.shape)}, the reference {list(ref.shape)}"
                 )
                 continue
+            got, ignored = _unpadded(ref, got, padding[index] if index < len(padding) else None)
+            padded += ignored
             pairs.append((ref, got))
         if not pairs:
             continue
@@ -490,6 +537,8 @@ def compare_outputs(
                 worst["nonfinite"] = 1.0
         if quiet:
             worst["no_signal_samples"] = quiet
+        if padded:
+            worst["padded_positions_ignored"] = padded
         if np.issubdtype(pairs[0][0].dtype, np.floating) and "nonfinite" not in worst:
             worst["range"] = span
             worst["range_rel"] = (
@@ -631,7 +680,9 @@ def check(
     refs = _as_samples(reference)
     if choices is None:
         choices = choose_metrics(refs, thresholds.task_metrics)
-    per_output, problems = compare_outputs(refs, outputs, thresholds=thresholds, choices=choices)
+    per_output, problems = compare_outputs(
+        refs, outputs, thresholds=thresholds, choices=choices, padding=padding_masks(inputs)
+    )
     if problems:
         return AccuracyResult(ok=False, reason=problems[0], per_output=per_output, samples=len(refs))
     failures: list[str] = []

@@ -567,3 +567,51 @@ def test_a_detectors_class_score_head_is_not_called_an_embedding() -> None:
     assert choice.metric == "none" and "class scores" in choice.why
     hidden = [rng.standard_normal((1, 64, 384)).astype(np.float32) for _ in range(2)]
     assert choose_metric("transpose_0.tmp_0", hidden, 0).metric == "embedding"
+
+
+def _padded_encoder_outputs(seed: int = 0) -> tuple[list[dict], list[dict], list[dict]]:
+    """Three texts of 5, 9 and 12 tokens padded to 16: hidden states [1, 16, 32]."""
+    rng = np.random.default_rng(seed)
+    refs, gots, feeds = [], [], []
+    for real in (5, 9, 12):
+        mask = np.zeros((1, 16), np.int64)
+        mask[0, :real] = 1
+        hidden = rng.standard_normal((1, 16, 32)).astype(np.float32)
+        got = hidden + rng.standard_normal(hidden.shape).astype(np.float32) * 1e-3
+        got[0, real:] = rng.standard_normal((16 - real, 32))  # padded positions: anything at all
+        refs.append({"last_hidden_state": hidden})
+        gots.append({"last_hidden_state": got})
+        feeds.append({"input_ids": np.arange(16, dtype=np.int64)[None], "attention_mask": mask})
+    return refs, gots, feeds
+
+
+def test_positions_an_attention_mask_marks_as_padding_are_not_judged() -> None:
+    refs, gots, feeds = _padded_encoder_outputs()
+    judged = check(refs, gots, Thresholds(), inputs=feeds)
+    assert judged.ok, judged.reason
+    figures = judged.per_output["last_hidden_state"]
+    assert figures["padded_positions_ignored"] == 11 + 7 + 4
+    assert figures["embedding_cosine"] > 0.999
+    # Without the mask the same outputs fail on a padded vector: the mask is what passes them.
+    blind = check(refs, gots, Thresholds())
+    assert not blind.ok and "embedding cosine" in blind.reason
+
+
+def test_a_real_token_that_changed_still_fails_beside_padding() -> None:
+    refs, gots, feeds = _padded_encoder_outputs()
+    gots[1]["last_hidden_state"][0, 3] *= -1  # a real token of the second text, ruined
+    judged = check(refs, gots, Thresholds(), inputs=feeds)
+    assert not judged.ok
+    assert judged.per_output["last_hidden_state"]["embedding_worst"] == {"sample": 1, "vector": 3}
+
+
+def test_only_a_two_axis_zero_one_mask_is_taken_for_padding() -> None:
+    from optimize.accuracy import padding_masks
+
+    ones_and_zeros = np.array([[1, 1, 0]], np.int64)
+    assert padding_masks([{"attention_mask": ones_and_zeros}])[0].tolist() == [[True, True, False]]
+    assert padding_masks([{"attention_mask": ones_and_zeros * 2}]) == [None]  # not 0/1
+    assert padding_masks([{"attention_mask": ones_and_zeros.astype(np.float32)}]) == [None]  # a bias
+    assert padding_masks([{"pixel_mask": np.ones((1, 1, 4, 4), np.int64)}]) == [None]  # not [batch, seq]
+    assert padding_masks([{"attention_mask": np.zeros((1, 3), np.int64)}]) == [None]  # no token at all
+    assert padding_masks([{"tokens": ones_and_zeros}]) == [None]  # not named as a mask

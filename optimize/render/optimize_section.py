@@ -213,6 +213,8 @@ def _accuracy_words(acc: Mapping[str, Any]) -> str:
             shown.append(f"cosine {fig['cosine']:.5f}")
         if fig.get("passed_by"):
             shown.append(fig["passed_by"])
+        if fig.get("padded_positions_ignored"):
+            shown.append(f"{fig['padded_positions_ignored']} padded positions not judged")
         parts.append(f"`{name}` ({metric}): {', '.join(shown) or 'compared'}")
     return "; ".join(parts)
 

