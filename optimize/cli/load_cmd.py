@@ -43,9 +43,18 @@ EPILOG = """
   lto load --artifact out/bert/ --qps 500 --requests 5000 --slo-ms 20          [dim](in-process, no HTTP)[/]
   lto load sample_models/mlp_small.onnx --concurrency 16 --requests 2000 --json
 
-Open loop (--qps) measures each latency from the scheduled arrival, so queueing is never hidden.
+  lto load http://127.0.0.1:8000 --qps 200 --slo-ms 15 --floor out/model/   [dim](with the floor beside it)[/]
+
+MLPerf LoadGen schedules the load and judges the run: Server scenario for --qps (Poisson arrivals,
+each latency from its scheduled arrival, so queueing is never hidden), SingleStream for one query
+at a time, Offline with --offline; its verdict (VALID: long enough, enough queries, the percentile
+and its early-stopping estimate within --slo-ms) is part of the pass. --concurrency N > 1 has no
+LoadGen scenario and runs lto's own closed loop; --scheduler lto runs lto's loop for all.
 A run lasts --duration (30s, 2m) and at least --min-queries requests (default: ten beyond the
 percentile, 1000 for p99), or exactly --requests.
+The floor: the same model in this process behind one worker that batches whatever has arrived,
+no HTTP, at the same load, printed beside the target's figures with the model's batch-1
+throughput alone (in-process targets always; a server with --floor MODEL).
 Exit code: 0 the SLO verdict passes, 1 it does not, 2 bad usage, 3 the server cannot be reached.
 """
 
@@ -84,6 +93,24 @@ def load(
     target_latency_ms: float = TargetLatencyOption,
     max_queue: int = MaxQueueOption,
     instances: int = InstancesOption,
+    scheduler: str = typer.Option(
+        "loadgen",
+        "--scheduler",
+        help="loadgen: MLPerf LoadGen schedules and judges (Server for --qps, "
+        "SingleStream for -c 1); lto: lto's own loop.",
+        case_sensitive=False,
+    ),
+    offline: bool = typer.Option(
+        False, "--offline", help="LoadGen's Offline scenario: every query at once (in-process only)."
+    ),
+    loadgen_log: Path | None = typer.Option(None, "--loadgen-log", help="Keep LoadGen's own logs in DIR."),
+    floor: Path | None = typer.Option(
+        None,
+        "--floor",
+        help="For a server: the model or artifact it serves, run in this process "
+        "behind one greedy worker at the same load (the floor; in-process targets get it anyway).",
+    ),
+    no_floor: bool = typer.Option(False, "--no-floor", help="Do not measure the floor."),
     output: Path | None = typer.Option(
         None, "--output", "-o", help="Write the JSON report (kind load) here."
     ),
@@ -106,6 +133,11 @@ def load(
                      max_error_rate=max_error_rate, seed=seed),
         find_max_qps=find_max,
         report=report,
+        scheduler=_scheduler(scheduler),
+        offline=offline,
+        loadgen_log=loadgen_log,
+        floor=not no_floor,
+        floor_model=floor,
     )  # fmt: skip
     config = BatcherConfig(max_batch=max_batch, max_wait_ms=max_wait_ms, target_latency_ms=target_latency_ms,
                            max_queue=max_queue, instances=instances)  # fmt: skip
@@ -129,6 +161,12 @@ def load(
             console.print(f"report: {report}")
     if not result["load"]["verdict"]["passed"]:
         raise typer.Exit(EXIT_SLO_MISSED)
+
+
+def _scheduler(name: str) -> str:
+    if name.lower() not in ("loadgen", "lto"):
+        raise UsageError(f"--scheduler {name}: not a scheduler", "choose loadgen or lto")
+    return name.lower()
 
 
 def looks_like_host_port(target: str) -> bool:

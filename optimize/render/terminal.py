@@ -275,6 +275,13 @@ def render_load(report: dict[str, Any], console: Console) -> None:
             f"{run['throughput_per_s']:.1f}/s"
         )
         console.print(head, highlight=False)
+        console.print(f"  scheduled by {run['scheduler']}", highlight=False)
+        mlperf = run.get("mlperf_loadgen")
+        if mlperf:
+            why = "; ".join(mlperf.get("invalid_because") or [])
+            console.print(
+                f"  LoadGen result: {mlperf.get('validity')}" + (f" ({why})" if why else ""), highlight=False
+            )
         if lat:
             console.print(
                 f"  latency ms  p50 {lat['p50']:.3f}  p90 {lat['p90']:.3f}  p99 {lat['p99']:.3f}  "
@@ -320,12 +327,51 @@ def render_load(report: dict[str, Any], console: Console) -> None:
         console.print(table)
         mq = curve["max_qps"]
         console.print(f"max qps within the SLO: {mq:.1f}" if mq else "no rate met the SLO", highlight=False)
+    if load.get("floor"):
+        _render_floor(load, console)
     verdict = load["verdict"]
     if report["settings"].get("slo_ms") is not None or not verdict["passed"]:
         word = "[bold green]PASS[/]" if verdict["passed"] else "[bold red]FAIL[/]"
         console.print(
             f"verdict: {word}" + (f" ({'; '.join(verdict['reasons'])})" if verdict["reasons"] else "")
         )
+
+
+def _render_floor(load: dict[str, Any], console: Console) -> None:
+    """The floor beside the target: same load, same scheduler, the model in-process behind one
+    greedy worker; and the offered rate as a share of the model's batch-1 throughput alone."""
+    floor = load["floor"]
+    run = floor["run"]
+    target = load["runs"][-1]
+    lat, base = run["latency_ms"], target["latency_ms"]
+    console.print(f"[bold]floor[/]: {floor['endpoint']['name']}", highlight=False)
+    console.print(
+        f"  model alone, batch 1, back to back: {floor['throughput_alone_per_s']:.1f}/s"
+        + (
+            f"; the offered rate is {floor['offered_share_of_alone']:.0%} of it"
+            if floor.get("offered_share_of_alone")
+            else ""
+        ),
+        highlight=False,
+    )
+    if lat and base:
+        table = Table(
+            "", "p50 ms", "p99 ms", "achieved/s", title="target against its floor", title_justify="left"
+        )
+        table.add_row(
+            "target", f"{base['p50']:.3f}", f"{base['p99']:.3f}", f"{target['throughput_per_s']:.1f}"
+        )
+        table.add_row("floor", f"{lat['p50']:.3f}", f"{lat['p99']:.3f}", f"{run['throughput_per_s']:.1f}")
+        table.add_row(
+            "target / floor",
+            f"{base['p50'] / lat['p50']:.2f}x" if lat["p50"] else "-",
+            f"{base['p99'] / lat['p99']:.2f}x" if lat["p99"] else "-",
+            "",
+        )
+        console.print(table)
+    mlperf = run.get("mlperf_loadgen")
+    if mlperf:
+        console.print(f"  floor's LoadGen result: {mlperf.get('validity')}", highlight=False)
 
 
 # ---------------------------------------------------------------------------------------------

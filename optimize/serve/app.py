@@ -17,8 +17,9 @@ from optimize.backend import TensorSpec
 from optimize.errors import LtoError, UsageError, message_line
 from optimize.inputs import InputSpec, load_samples, resolve_inputs
 from optimize.runtime_model import RuntimeModel
-from optimize.serve import polling
+from optimize.serve import mlperf, polling
 from optimize.serve.batcher import Batcher, BatcherConfig
+from optimize.serve.floor import FloorEndpoint, throughput_alone
 from optimize.serve.loadgen import (
     Endpoint,
     HttpEndpoint,
@@ -66,6 +67,15 @@ class LoadOptions:
     settings: LoadSettings
     find_max_qps: bool = False
     report: Path | None = None
+    # "loadgen": MLPerf LoadGen schedules and judges where it has the scenario; "lto": lto's loop.
+    scheduler: str = "loadgen"
+    offline: bool = False  # LoadGen's Offline scenario (in-process targets only)
+    loadgen_log: Path | None = None  # keep LoadGen's own logs here
+    # The floor: the model in this process behind one greedy worker, run at the same load after the
+    # target (optimize/serve/floor.py). An in-process target's own model by default; for a server,
+    # the model or artifact named here.
+    floor: bool = True
+    floor_model: Path | None = None
 
     def cli_args(self) -> list[str]:
         """The same options as `lto load` flags, for the child process of `serve --validate`."""
@@ -88,7 +98,41 @@ class LoadOptions:
             args.append("--find-max-qps")
         if self.report is not None:
             args += ["--output", str(self.report)]
+        if self.scheduler != "loadgen":
+            args += ["--scheduler", self.scheduler]
+        if self.loadgen_log is not None:
+            args += ["--loadgen-log", str(self.loadgen_log)]
+        if not self.floor:
+            args.append("--no-floor")
+        elif self.floor_model is not None:
+            args += ["--floor", str(self.floor_model)]
         return args
+
+    def runner(
+        self, progress: Callable[[str], None] | None = None
+    ) -> Callable[[Endpoint, LoadSettings], Awaitable[LoadResult]]:
+        """How one load runs: LoadGen in its scenario for these settings, else lto's own loop."""
+        scenario = mlperf.scenario_for(self.settings, self.offline)
+        use_loadgen = self.scheduler == "loadgen" and scenario is not None
+        if use_loadgen and not mlperf.available():
+            raise UsageError(
+                "MLPerf LoadGen is not installed",
+                "pip install mlcommons-loadgen, or --scheduler lto for lto's own load loop",
+            )
+        if self.scheduler == "loadgen" and scenario is None and progress is not None:
+            progress(
+                f"LoadGen has no scenario that keeps {self.settings.concurrency} queries in flight: "
+                "lto's own closed loop runs"
+            )
+
+        async def run(target: Endpoint, settings: LoadSettings) -> LoadResult:
+            if use_loadgen:
+                step = mlperf.scenario_for(settings, self.offline)
+                assert step is not None
+                return await mlperf.run_loadgen(target, settings, step, log_dir=self.loadgen_log)
+            return await run_load(target, settings)
+
+        return run
 
 
 def _open(
@@ -126,6 +170,9 @@ def run_serve(
 ) -> int:
     """Serve until SIGTERM; with `validate`, run `lto load` against ourselves and return its verdict."""
     served = resolve_served(model, artifact, server_config.model_name or None)
+    if validate is not None and validate.floor and validate.floor_model is None:
+        # The load's floor is what this server serves, run in the load's own process.
+        validate.floor_model = served.artifact_dir or served.model_path
     server_config.model_name = served.label
     server_config.platform = platform_of(served)
     batcher, row = _open(served, batcher_config, shapes, console, threads)
@@ -264,6 +311,39 @@ def load_rows(
     return spec, samples or [first]
 
 
+async def _floor(
+    source: str | Path,
+    rows: list[dict[str, np.ndarray]],
+    settings: LoadSettings,
+    run: Callable[[Endpoint, LoadSettings], Awaitable[LoadResult]],
+    progress: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    """The model behind one greedy worker in this process, at the same load: the reference the
+    target's figures are read against, and the model's batch-1 throughput alone."""
+    served = resolve_served(source, None)
+    backend = open_instances(served, 1)[0]
+    try:
+        if progress is not None:
+            progress(f"floor: {served.label} in this process, one worker; its batch-1 throughput alone first")
+        alone = await asyncio.get_running_loop().run_in_executor(None, throughput_alone, backend, rows)
+        endpoint = FloorEndpoint(backend, rows)
+        await endpoint.open()
+        try:
+            result = await run(endpoint, settings)
+        finally:
+            await endpoint.close()
+    finally:
+        backend.close()
+    summary = result.summary()
+    return {
+        "model": str(served.model_path),
+        "endpoint": endpoint.describe(),
+        "throughput_alone_per_s": alone,
+        "offered_share_of_alone": (settings.qps / alone) if settings.qps and alone else None,
+        "run": summary,
+    }
+
+
 def run_load_command(
     target_arg: str | None,
     artifact: Path | None,
@@ -281,6 +361,9 @@ def run_load_command(
     settings = options.settings
     settings.validate()
     remote = target_arg is not None and target_arg.startswith(("http://", "https://"))
+    if options.offline and remote:
+        raise UsageError("--offline drives an in-process model or artifact", "drop the URL or --offline")
+    run = options.runner(progress)
 
     async def main() -> dict[str, Any]:
         batcher: Batcher | None = None
@@ -317,16 +400,23 @@ def run_load_command(
         search: MaxQpsSearch | None = None
         try:
             if options.find_max_qps:
-                search = await find_max_qps(target, settings, start_qps=settings.qps, progress=progress)
+                search = await find_max_qps(
+                    target, settings, start_qps=settings.qps, progress=progress, run=run
+                )
                 results: list[LoadResult] = list(search.curve)
             else:
-                results = [await run_load(target, settings)]
+                results = [await run(target, settings)]
         finally:
             await target.close()
             if batcher is not None:
                 server_info = batcher.describe()
                 await batcher.drain()
-        return load_report(
+        floor = None
+        floor_source = None if remote else (artifact or target_arg)
+        floor_source = options.floor_model or floor_source
+        if options.floor and floor_source is not None and not options.find_max_qps:
+            floor = await _floor(floor_source, target.row_feeds, settings, run, progress)
+        report = load_report(
             results,
             target=target,
             backend=backend,
@@ -336,6 +426,8 @@ def run_load_command(
             search=search,
             server=server_info,
         )
+        report["load"]["floor"] = floor
+        return report
 
     report = asyncio.run(main())
     report["settings"]["find_max_qps"] = options.find_max_qps

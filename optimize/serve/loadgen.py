@@ -15,7 +15,7 @@ import re
 import resource
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,11 +58,24 @@ class Endpoint(ABC):
     async def close(self) -> None:
         pass
 
+    rows: int = 1  # how many different requests it sends in turn
+    row_feeds: list[dict[str, np.ndarray]]  # their inputs
+    _next: int = 0
+
     @abstractmethod
-    async def infer(self) -> Outcome: ...
+    async def infer(self, row: int | None = None) -> Outcome:
+        """One request: row `row` of those it holds, or the next in turn."""
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name}
+
+    def _take(self, row: int | None) -> int:
+        """The row to send: the one asked for, else the next in turn."""
+        if row is not None:
+            return row % self.rows
+        index = self._next
+        self._next = (self._next + 1) % self.rows
+        return index
 
 
 def parse_server_timing(header: str | None) -> tuple[dict[str, float] | None, int | None]:
@@ -91,6 +104,7 @@ class HttpEndpoint(Endpoint):
         self.model = model
         self.name = f"{self.url} model {model}"
         rows = [feeds] if isinstance(feeds, Mapping) else list(feeds)
+        self.row_feeds = [dict(row) for row in rows]
         # Each request encoded once, before the clock starts: the client costs the same per request.
         self.requests: list[tuple[bytes, dict[str, str]]] = []
         for row in rows:
@@ -125,11 +139,10 @@ class HttpEndpoint(Endpoint):
             await resp.read()
             return int(resp.status)
 
-    async def infer(self) -> Outcome:
+    async def infer(self, row: int | None = None) -> Outcome:
         import aiohttp
 
-        body, headers = self.requests[self._next]
-        self._next = (self._next + 1) % self.rows
+        body, headers = self.requests[self._take(row)]
         try:
             async with self._session.post(self._infer_url, data=body, headers=headers) as resp:
                 await resp.read()
@@ -164,15 +177,15 @@ class InProcessEndpoint(Endpoint):
         """`feeds`: one request's inputs, or many, sent in turn (rows of a file replayed)."""
         self.batcher = batcher
         self.rows_list = [dict(feeds)] if isinstance(feeds, Mapping) else [dict(f) for f in feeds]
+        self.row_feeds = self.rows_list
         self.feeds = self.rows_list[0]
         self.rows = len(self.rows_list)
         self._next = 0
         self.name = name
         self.remainder = "event_loop"
 
-    async def infer(self) -> Outcome:
-        feeds = self.rows_list[self._next]
-        self._next = (self._next + 1) % self.rows
+    async def infer(self, row: int | None = None) -> Outcome:
+        feeds = self.rows_list[self._take(row)]
         try:
             result = await self.batcher.submit(feeds)
         except ServeError as exc:
@@ -239,6 +252,16 @@ class LoadResult:
     cpu_s: float = 0.0
     lag_ms: list[float] = field(default_factory=list)
     stopped_by: str = "duration"
+    # When MLPerf LoadGen scheduled the run: its scenario, verdict (VALID/INVALID, and why) and
+    # figures (optimize/serve/mlperf.py). None when lto's own loop ran.
+    loadgen: dict[str, Any] | None = None
+
+    @property
+    def scheduler(self) -> str:
+        if self.loadgen is not None:
+            name = " ".join(x for x in ("MLPerf LoadGen", self.loadgen.get("version")) if x)
+            return f"{name}, {self.loadgen['scenario']} scenario"
+        return f"lto's own {'open' if self.settings.qps is not None else 'closed'} loop"
 
     @property
     def completed(self) -> int:
@@ -250,6 +273,9 @@ class LoadResult:
 
     @property
     def throughput(self) -> float:
+        """Answered per second: LoadGen's completed rate where it ran (its own clock and span)."""
+        if self.loadgen is not None and self.loadgen.get("completed_per_s"):
+            return float(self.loadgen["completed_per_s"])
         return self.completed / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
@@ -257,10 +283,25 @@ class LoadResult:
         return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 
     def latency_at(self, percentile: float) -> float | None:
+        """The latency percentile: LoadGen's own figure where it ran and reports that percentile
+        (one measurement for the verdict and the report), else over the samples lto timed."""
+        if self.loadgen is not None:
+            reported = self.loadgen.get("latency_ms", {}).get(_percentile_key(percentile))
+            if reported is not None:
+                return float(reported)
         return float(np.percentile(self.samples_ms, percentile)) if self.samples_ms else None
+
+    def invalid_because(self) -> str:
+        return "; ".join((self.loadgen or {}).get("invalid_because") or []) or "see its log"
 
     def warnings(self) -> list[str]:
         out = []
+        if (
+            self.loadgen is not None
+            and self.loadgen.get("validity") != "VALID"
+            and self.settings.slo_ms is None
+        ):
+            out.append(f"LoadGen calls this run {self.loadgen.get('validity')}: {self.invalid_because()}")
         if self.cpu_fraction >= SATURATED_CPU:
             out.append(
                 f"load generator used {self.cpu_fraction:.0%} of a core: it may have been the bottleneck; "
@@ -287,8 +328,18 @@ class LoadResult:
             reasons.append(f"error rate {self.error_rate:.2%} above {s.max_error_rate:.2%}")
         if s.slo_ms is not None and value is not None and value > s.slo_ms:
             reasons.append(f"p{s.percentile:g} {value:.2f} ms above the SLO of {s.slo_ms:g} ms")
+        valid = None
+        if self.loadgen is not None:
+            valid = self.loadgen.get("validity") == "VALID"
+            # With an SLO the run claims that the percentile holds, and LoadGen's validity is the
+            # evidence for that claim; without one it is reported (and warned of), not a failure.
+            if not valid and s.slo_ms is not None:
+                reasons.append(
+                    f"LoadGen: {self.loadgen.get('validity', 'no result')} ({self.invalid_because()})"
+                )
         return {
             "passed": not reasons,
+            "loadgen_valid": valid,
             "percentile": s.percentile,
             "value_ms": value,
             "slo_ms": s.slo_ms,
@@ -310,7 +361,9 @@ class LoadResult:
 
     def summary(self) -> dict[str, Any]:
         lat = {}
-        if self.samples_ms:
+        if self.loadgen is not None and self.loadgen.get("latency_ms"):
+            lat = dict(self.loadgen["latency_ms"])
+        elif self.samples_ms:
             arr = np.asarray(self.samples_ms)
             lat = {
                 "mean": float(arr.mean()),
@@ -323,6 +376,7 @@ class LoadResult:
         rows = dict(sorted(self.batch_rows.items()))
         return {
             "label": self.label,
+            "scheduler": self.scheduler,
             "mode": self.settings.mode,
             "offered_qps": self.settings.qps,
             "concurrency": self.settings.concurrency if self.settings.qps is None else None,
@@ -338,6 +392,7 @@ class LoadResult:
             "requests_by_batch_rows": {str(k): v for k, v in rows.items()},
             "batches_by_rows": {str(k): round(v / k, 1) for k, v in rows.items()},
             "breakdown_ms": self.breakdown(),
+            "mlperf_loadgen": self.loadgen,
             "loadgen": {
                 "cpu_fraction_of_core": self.cpu_fraction,
                 "schedule_lag_p99_ms": float(np.percentile(self.lag_ms, 99)) if self.lag_ms else None,
@@ -372,11 +427,35 @@ class LoadResult:
         }
 
 
-def _cpu_now() -> float:
+def cpu_now() -> float:
+    """CPU seconds of the calling thread (the generator's own cost)."""
     usage = resource.getrusage(
         resource.RUSAGE_THREAD if hasattr(resource, "RUSAGE_THREAD") else resource.RUSAGE_SELF
     )
     return usage.ru_utime + usage.ru_stime
+
+
+def _percentile_key(percentile: float) -> str:
+    """LoadGen's name for a percentile in lto's summary: p50, p90, p99, p999."""
+    return "p" + f"{percentile:g}".replace(".", "")
+
+
+def record_outcome(result: LoadResult, target: Endpoint, outcome: Outcome, latency_ms: float) -> None:
+    """Count one request's outcome, latency and server phases into `result`."""
+    if outcome.kind != "ok":
+        result.errors[outcome.kind] += 1
+        return
+    result.samples_ms.append(latency_ms)
+    if outcome.batch_rows is not None:
+        result.batch_rows[outcome.batch_rows] += 1
+    if outcome.phases:
+        total = outcome.phases.get("total")
+        for name in PHASES:
+            if name in outcome.phases:
+                result.phases.setdefault(name, []).append(outcome.phases[name])
+        if total is not None:
+            # What the server did not account for: the network, HTTP parsing, the client.
+            result.phases.setdefault(target.remainder, []).append(max(0.0, latency_ms - total))
 
 
 def _label(settings: LoadSettings) -> str:
@@ -398,7 +477,7 @@ async def run_load(
     min_q = settings.effective_min_queries()
     loop = asyncio.get_running_loop()
     start = loop.time()
-    cpu0 = _cpu_now()
+    cpu0 = cpu_now()
 
     def keep_issuing(issued: int) -> bool:
         if settings.requests is not None:
@@ -406,27 +485,11 @@ async def run_load(
         assert settings.duration_s is not None
         return loop.time() - start < settings.duration_s or issued < min_q
 
-    def record(outcome: Outcome, latency_ms: float) -> None:
-        if outcome.kind != "ok":
-            result.errors[outcome.kind] += 1
-            return
-        result.samples_ms.append(latency_ms)
-        if outcome.batch_rows is not None:
-            result.batch_rows[outcome.batch_rows] += 1
-        if outcome.phases:
-            total = outcome.phases.get("total")
-            for name in PHASES:
-                if name in outcome.phases:
-                    result.phases.setdefault(name, []).append(outcome.phases[name])
-            if total is not None:
-                # What the server did not account for: the network, HTTP parsing, the client.
-                result.phases.setdefault(target.remainder, []).append(max(0.0, latency_ms - total))
-        if progress is not None:
-            progress(result.completed, settings.requests)
-
     async def one(scheduled: float) -> None:
         outcome = await target.infer()
-        record(outcome, (loop.time() - scheduled) * 1e3)
+        record_outcome(result, target, outcome, (loop.time() - scheduled) * 1e3)
+        if progress is not None:
+            progress(result.completed, settings.requests)
 
     if settings.qps is not None:
         rng = np.random.default_rng(settings.seed)
@@ -453,7 +516,7 @@ async def run_load(
 
         await asyncio.gather(*(worker() for _ in range(settings.concurrency)))
     result.wall_s = loop.time() - start
-    result.cpu_s = _cpu_now() - cpu0
+    result.cpu_s = cpu_now() - cpu0
     result.stopped_by = "requests" if settings.requests is not None else "duration"
     return result
 
@@ -493,6 +556,7 @@ async def find_max_qps(
     bisect_steps: int = 3,
     max_qps: float = 1e6,
     progress: Callable[[str], None] | None = None,
+    run: Callable[[Endpoint, LoadSettings], Awaitable[LoadResult]] | None = None,
 ) -> MaxQpsSearch:
     """Highest Poisson rate whose latency percentile meets the SLO: double until a rate fails,
     then bisect between the last pass and the first failure. Every point is kept as the curve."""
@@ -502,7 +566,7 @@ async def find_max_qps(
 
     async def trial(qps: float) -> bool:
         step = LoadSettings(**{**settings.__dict__, "qps": qps, "warmup": 0})
-        res = await run_load(target, step)
+        res = await (run or run_load)(target, step)
         curve.append(res)
         ok = bool(res.verdict()["passed"])
         if progress is not None:

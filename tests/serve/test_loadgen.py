@@ -226,14 +226,18 @@ def test_lto_load_in_process_writes_a_report_and_exits_with_the_verdict(tmp_path
 def test_lto_serve_validate_runs_load_over_http_and_exits_with_the_verdict(tmp_path: Path) -> None:
     model = make_matmul_model(tmp_path / "tiny.onnx", features=16, out=4)
     report_path = tmp_path / "validate.json"
-    proc = run_cli("serve", model, "--port", "0", "--validate", "--qps", "100", "--requests", "200",
+    # 500 queries: the fewest with which LoadGen's early stopping can bound a p99 (459 when none
+    # is over the target).
+    proc = run_cli("serve", model, "--port", "0", "--validate", "--qps", "400", "--requests", "500",
                    "--slo-ms", "60000", "--output", report_path, timeout=240)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verdict: PASS" in proc.stdout and "drained" in proc.stdout
+    assert "Server scenario" in proc.stdout and "LoadGen result: VALID" in proc.stdout
     report = json.loads(report_path.read_text())
     validate_report(report)
     run0 = report["load"]["runs"][0]
-    assert run0["completed_ok"] == 200 and run0["mode"] == "poisson"
+    assert run0["completed_ok"] == 500 and run0["mode"] == "poisson"
+    assert run0["mlperf_loadgen"]["validity"] == "VALID" and run0["mlperf_loadgen"]["queries"] == 500
     assert {"decode", "queue", "model", "encode", "network_http"} <= set(run0["breakdown_ms"])
 
     fail = run_cli("serve", model, "--port", "0", "--validate", "--requests", "30", "--slo-ms", "0.0001",
@@ -267,12 +271,17 @@ def test_lto_load_drives_an_artifact_in_process(tmp_path: Path) -> None:
     assert why is None and row is not None and row["x"].shape == (1, 16)  # one row of the spec's batch 8
 
     report_path = tmp_path / "load.json"
-    proc = run_cli("load", "--artifact", art, "--requests", "100", "--slo-ms", "60000", "-o", report_path)
+    # 700 queries: SingleStream's early stopping bounds a p99 from 662 on.
+    proc = run_cli("load", "--artifact", art, "--requests", "700", "--slo-ms", "60000", "-o", report_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(report_path.read_text())
     validate_report(report)
     assert report["model"]["path"].endswith("model.onnx")
-    assert report["load"]["runs"][0]["completed_ok"] == 100
+    run0 = report["load"]["runs"][0]
+    assert run0["completed_ok"] == 700 and run0["mlperf_loadgen"]["scenario"] == "SingleStream"
+    floor = report["load"]["floor"]  # the artifact itself behind one worker, at the same load
+    assert floor["model"].endswith("model.onnx") and floor["run"]["completed_ok"] == 700
+    assert floor["throughput_alone_per_s"] > 0 and floor["endpoint"]["max_batch"] == 8
 
 
 @pytest.mark.slow
