@@ -281,6 +281,12 @@ def load_section(section: Mapping[str, Any], settings: Mapping[str, Any] | None 
                 "- batches formed (rows: count): "
                 + ", ".join(f"{k}: {v:g}" for k, v in run["batches_by_rows"].items())
             )
+        if run.get("scheduler"):
+            lines.append(f"- scheduled by {run['scheduler']}")
+        mlperf = run.get("mlperf_loadgen") or {}
+        if mlperf:
+            why = "; ".join(mlperf.get("invalid_because") or [])
+            lines.append(f"- LoadGen result: **{mlperf.get('validity')}**" + (f" ({why})" if why else ""))
         loadgen = run.get("loadgen") or {}
         if loadgen.get("cpu_fraction_of_core") is not None:
             lines.append(f"- load generator: {loadgen['cpu_fraction_of_core']:.0%} of a core")
@@ -319,8 +325,37 @@ def load_section(section: Mapping[str, Any], settings: Mapping[str, Any] | None 
             lines.append("| " + " | ".join(cells) + " |")
         best = search.get("max_qps")
         lines += ["", f"Max qps within the SLO: **{best:.1f}**" if best else "No rate met the SLO."]
+    if section.get("floor") and runs:
+        lines += _floor_lines(section["floor"], runs[-1])
     lines += ["", _load_verdict(section.get("verdict") or {})]
     return "\n".join(lines) + "\n"
+
+
+def _floor_lines(floor: Mapping[str, Any], target: Mapping[str, Any]) -> list[str]:
+    """The target beside its floor: the same model in-process behind one greedy worker, same load."""
+    run = floor["run"]
+    lat, base = run.get("latency_ms") or {}, target.get("latency_ms") or {}
+    share = floor.get("offered_share_of_alone")
+    lines = [
+        "",
+        "### Against the floor",
+        "",
+        f"The floor: `{floor['model']}` in the load's own process, {floor['endpoint']['name']}, no HTTP, "
+        f"at the same load. The model alone, batch 1, back to back: {floor['throughput_alone_per_s']:.1f}/s"
+        + (f"; the offered rate is {share:.0%} of it." if share else "."),
+    ]
+    if lat and base:
+        lines += [
+            "",
+            "| | p50 ms | p99 ms | achieved/s | LoadGen |",
+            "|---|---:|---:|---:|---|",
+            f"| target | {_ms(base['p50'])} | {_ms(base['p99'])} | {target['throughput_per_s']:.1f} | "
+            f"{(target.get('mlperf_loadgen') or {}).get('validity', '–')} |",
+            f"| floor | {_ms(lat['p50'])} | {_ms(lat['p99'])} | {run['throughput_per_s']:.1f} | "
+            f"{(run.get('mlperf_loadgen') or {}).get('validity', '–')} |",
+            f"| target / floor | {base['p50'] / lat['p50']:.2f}x | {base['p99'] / lat['p99']:.2f}x | | |",
+        ]
+    return lines
 
 
 def _load_verdict(verdict: Mapping[str, Any]) -> str:

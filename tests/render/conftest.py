@@ -24,7 +24,8 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     commands: dict[str, list[Any]] = {
         "bench": ["bench", model, "--time", "0.3"],
         "compare": ["bench", model, "--compare", model, "--time", "0.3"],
-        "load": ["load", model, "--requests", "20", "--slo-ms", "10000"],
+        # 700 queries: enough for LoadGen's SingleStream early stopping to call a p99 run VALID.
+        "load": ["load", model, "--requests", "700", "--slo-ms", "10000"],
         "gate": ["gate", "--rerun", "--baseline", model, "--candidate", model, "--time", "1"],
         "optimize": ["optimize", model, "--target-ms", "100", "--stop-at-target"],
     }

@@ -169,6 +169,10 @@ def test_lto_report_renders_every_kind_as_markdown_with_its_numbers(
         assert f"| {run['throughput_per_s']:.1f} |" in text  # achieved rate
         assert f"| {_ms(run['latency_ms']['p99'])} |" in text
         assert f"Verdict: **PASS** (p99 {_ms(verdict['value_ms'])} ms ≤ SLO 10000 ms)" in text
+        assert "- scheduled by MLPerf LoadGen" in text and "- LoadGen result: **VALID**" in text
+        floor = data["load"]["floor"]["run"]  # the target beside its floor, figures as measured
+        p50_ratio = run["latency_ms"]["p50"] / floor["latency_ms"]["p50"]
+        assert "### Against the floor" in text and f"| target / floor | {p50_ratio:.2f}x |" in text
     elif kind == "gate":
         gate = data["gate"]
         assert f"lto gate: {gate['verdict']} (exit {gate['exit_code']})" in text
