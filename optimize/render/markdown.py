@@ -344,7 +344,7 @@ def _floor_lines(floor: Mapping[str, Any], target: Mapping[str, Any]) -> list[st
         f"at the same load. The model alone, batch 1, back to back: {floor['throughput_alone_per_s']:.1f}/s"
         + (f"; the offered rate is {share:.0%} of it." if share else "."),
     ]
-    if lat and base:
+    if lat and base and floor.get("max_qps") is None:  # a search's last steps ran at different rates
         lines += [
             "",
             "| | p50 ms | p99 ms | achieved/s | LoadGen |",
@@ -354,6 +354,14 @@ def _floor_lines(floor: Mapping[str, Any], target: Mapping[str, Any]) -> list[st
             f"| floor | {_ms(lat['p50'])} | {_ms(lat['p99'])} | {run['throughput_per_s']:.1f} | "
             f"{(run.get('mlperf_loadgen') or {}).get('validity', '–')} |",
             f"| target / floor | {base['p50'] / lat['p50']:.2f}x | {base['p99'] / lat['p99']:.2f}x | | |",
+        ]
+    if floor.get("max_qps") is not None:
+        its = floor["max_qps"].get("max_qps")
+        lines += [
+            "",
+            f"Max qps within the SLO on the floor: **{its:.1f}**"
+            if its
+            else "No rate met the SLO on the floor.",
         ]
     return lines
 

@@ -354,7 +354,7 @@ def _render_floor(load: dict[str, Any], console: Console) -> None:
         ),
         highlight=False,
     )
-    if lat and base:
+    if lat and base and floor.get("max_qps") is None:  # a search's last steps ran at different rates
         table = Table(
             "", "p50 ms", "p99 ms", "achieved/s", title="target against its floor", title_justify="left"
         )
@@ -372,6 +372,17 @@ def _render_floor(load: dict[str, Any], console: Console) -> None:
     mlperf = run.get("mlperf_loadgen")
     if mlperf:
         console.print(f"  floor's LoadGen result: {mlperf.get('validity')}", highlight=False)
+    if floor.get("max_qps") is not None:
+        mine, its = (load.get("max_qps") or {}).get("max_qps"), floor["max_qps"].get("max_qps")
+        console.print(
+            f"  max qps within the SLO: target {_opt_rate(mine)}, floor {_opt_rate(its)}"
+            + (f" ({mine / its:.0%} of the floor)" if mine and its else ""),
+            highlight=False,
+        )
+
+
+def _opt_rate(value: float | None) -> str:
+    return "none" if value is None else f"{value:.1f}/s"
 
 
 # ---------------------------------------------------------------------------------------------

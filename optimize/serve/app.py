@@ -317,9 +317,11 @@ async def _floor(
     settings: LoadSettings,
     run: Callable[[Endpoint, LoadSettings], Awaitable[LoadResult]],
     progress: Callable[[str], None] | None,
+    search: bool = False,
 ) -> dict[str, Any]:
     """The model behind one greedy worker in this process, at the same load: the reference the
-    target's figures are read against, and the model's batch-1 throughput alone."""
+    target's figures are read against, and the model's batch-1 throughput alone. With `search`,
+    the highest rate within the SLO is searched on the floor as on the target."""
     served = resolve_served(source, None)
     backend = open_instances(served, 1)[0]
     try:
@@ -328,20 +330,35 @@ async def _floor(
         alone = await asyncio.get_running_loop().run_in_executor(None, throughput_alone, backend, rows)
         endpoint = FloorEndpoint(backend, rows)
         await endpoint.open()
+        found: MaxQpsSearch | None = None
         try:
-            result = await run(endpoint, settings)
+            if search:
+                found = await find_max_qps(
+                    endpoint,
+                    settings,
+                    start_qps=settings.qps,
+                    progress=_prefixed(progress, "floor: "),
+                    run=run,
+                )
+                result = found.curve[-1]
+            else:
+                result = await run(endpoint, settings)
         finally:
             await endpoint.close()
     finally:
         backend.close()
-    summary = result.summary()
     return {
         "model": str(served.model_path),
         "endpoint": endpoint.describe(),
         "throughput_alone_per_s": alone,
         "offered_share_of_alone": (settings.qps / alone) if settings.qps and alone else None,
-        "run": summary,
+        "run": result.summary(),
+        "max_qps": found.to_json() if found is not None else None,
     }
+
+
+def _prefixed(progress: Callable[[str], None] | None, prefix: str) -> Callable[[str], None] | None:
+    return None if progress is None else (lambda line: progress(prefix + line))
 
 
 def run_load_command(
@@ -414,8 +431,10 @@ def run_load_command(
         floor = None
         floor_source = None if remote else (artifact or target_arg)
         floor_source = options.floor_model or floor_source
-        if options.floor and floor_source is not None and not options.find_max_qps:
-            floor = await _floor(floor_source, target.row_feeds, settings, run, progress)
+        if options.floor and floor_source is not None:
+            floor = await _floor(
+                floor_source, target.row_feeds, settings, run, progress, search=options.find_max_qps
+            )
         report = load_report(
             results,
             target=target,

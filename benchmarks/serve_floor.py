@@ -1,0 +1,160 @@
+"""`lto serve` against its floor, under MLPerf LoadGen's Server scenario, on real artifacts.
+
+For each artifact: its batch-1 latency alone (`lto bench --artifact`, which gives the model's own
+throughput), then `lto serve --artifact` in its own process with each configuration asked for
+(`--config LABEL="serve flags"`; today's defaults first), driven by `lto load URL --qps R --floor
+ART` at 25% and 50% of that throughput, and searched for the highest rate whose p99 meets the SLO
+with a VALID LoadGen result (`--find-max-qps`). Each `lto load` measures the floor in its own
+process right after the server, at the same load: the model behind one greedy worker, no HTTP.
+
+    python -m benchmarks.serve_floor ART [ART ...] [--slo-ms 15] [--duration 10]
+        [--config 'one-at-a-time=--max-batch 1'] [--shares 0.25,0.5] [--no-search]
+
+Prints a Markdown table per artifact (target p50/p99, floor p50/p99, p99 over the floor, LoadGen's
+verdict, max rate within the SLO for both) and writes them with the raw reports to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lto(*args: str | Path) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "optimize", *map(str, args), "--json"],
+        capture_output=True, text=True, cwd=ROOT, check=False,
+    )  # fmt: skip
+    if proc.returncode not in (0, 1):  # lto load exits 1 when a verdict fails; the figures stand
+        raise SystemExit(f"lto {args[0]} failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
+    return dict(json.loads(proc.stdout))
+
+
+def start_serve(artifact: Path, flags: list[str]) -> tuple[subprocess.Popen[str], str]:
+    command = [sys.executable, "-m", "optimize", "serve", "--artifact", str(artifact), "--name", "m", *flags]
+    proc = subprocess.Popen(
+        [*command, "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "at http://127.0.0.1:" in line:
+            return proc, "http://" + line.split("at http://", 1)[1].split()[0].rstrip("/.,")
+    raise SystemExit(f"lto serve did not start (exit {proc.wait()})")
+
+
+def shape_args(artifact: Path) -> list[str]:
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    return [a for t in manifest["input_spec"]["inputs"]
+            for a in ("--shape", f"{t['name']}={'x'.join(map(str, t['shape']))}")]  # fmt: skip
+
+
+def one_config(
+    artifact: Path, flags: list[str], rates: list[float], args: argparse.Namespace
+) -> dict[str, Any]:
+    shapes = shape_args(artifact)
+    common = ["--model", "m", "--slo-ms", f"{args.slo_ms:g}", "--duration", f"{args.duration:g}s",
+              "--floor", artifact, *shapes]  # fmt: skip
+    proc, url = start_serve(artifact, flags)
+    try:
+        points = []
+        for rate in rates:
+            print(f"  {rate:.0f}/s ...", file=sys.stderr, flush=True)
+            report = lto("load", url, "--qps", f"{rate:.1f}", *common)
+            points.append({"rate": rate, "report": report})
+        search = None
+        if not args.no_search:
+            print("  searching the highest rate within the SLO ...", file=sys.stderr, flush=True)
+            search = lto("load", url, "--find-max-qps", "--qps", f"{rates[0]:.1f}", *common)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {"flags": flags, "points": points, "search": search}
+
+
+def _fig(run: dict[str, Any], key: str) -> str:
+    value = (run.get("latency_ms") or {}).get(key)
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}/s"
+
+
+def table(name: str, alone_ms: float, configs: dict[str, dict[str, Any]], slo_ms: float) -> str:
+    lines = [
+        f"### {name}",
+        "",
+        f"Model alone (lto bench, batch 1): p50 {alone_ms:.3f} ms, {1e3 / alone_ms:.0f}/s. "
+        f"SLO p99 <= {slo_ms:g} ms.",
+        "",
+        "| configuration | rate (share of alone) | target p50 / p99 ms | floor p50 / p99 ms "
+        "| p99 target/floor | LoadGen target, floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, result in configs.items():
+        for point in result["points"]:
+            load = point["report"]["load"]
+            run, floor = load["runs"][-1], load["floor"]["run"]
+            ratio = run["latency_ms"]["p99"] / floor["latency_ms"]["p99"]
+            validity = f"{run['mlperf_loadgen']['validity']}, {floor['mlperf_loadgen']['validity']}"
+            lines.append(
+                f"| {label} | {point['rate']:.0f}/s ({point['rate'] * alone_ms / 1e3:.0%}) | "
+                f"{_fig(run, 'p50')} / {_fig(run, 'p99')} | {_fig(floor, 'p50')} / {_fig(floor, 'p99')} | "
+                f"{ratio:.2f}x | {validity} |"
+            )
+    searched = [(label, r["search"]) for label, r in configs.items() if r["search"] is not None]
+    if searched:
+        lines += ["", "| configuration | max rate, p99 within the SLO, VALID | floor's |", "|---|---|---|"]
+        for label, search in searched:
+            mine = (search["load"].get("max_qps") or {}).get("max_qps")
+            its = ((search["load"].get("floor") or {}).get("max_qps") or {}).get("max_qps")
+            lines.append(f"| {label} | {_rate(mine)} | {_rate(its)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("artifacts", nargs="+", type=Path)
+    parser.add_argument("--slo-ms", type=float, default=15.0)
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per rate (LoadGen's minimum)")
+    parser.add_argument(
+        "--shares", default="0.25,0.5", help="rates as shares of the model's throughput alone"
+    )
+    parser.add_argument("--config", action="append", default=[], help='LABEL="lto serve flags" (repeatable)')
+    parser.add_argument("--no-search", action="store_true", help="skip the max-rate search")
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "serve-floor")
+    args = parser.parse_args(argv)
+    configs = [("defaults", [])] + [
+        (label, shlex.split(flags)) for label, _, flags in (c.partition("=") for c in args.config)
+    ]
+    shares = [float(x) for x in args.shares.split(",")]
+    texts, raw = [], {}
+    for artifact in args.artifacts:
+        bench = lto("bench", "--artifact", artifact, "--time", "3")
+        alone_ms = float(bench["results"][0]["latency_ms"]["p50"])
+        rates = [share * 1e3 / alone_ms for share in shares]
+        results = {}
+        for label, flags in configs:
+            print(f"{artifact.name}: {label} ({' '.join(flags) or 'no flags'})", file=sys.stderr, flush=True)
+            results[label] = one_config(artifact, flags, rates, args)
+        texts.append(table(artifact.name, alone_ms, results, args.slo_ms))
+        raw[str(artifact)] = {"alone_ms": alone_ms, "configs": results}
+        print(texts[-1], flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text("\n".join(texts))
+    args.out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
+    print(f"wrote {args.out.with_suffix('.md')} and .json", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
