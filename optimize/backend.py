@@ -118,6 +118,10 @@ class Backend(ABC):
     def describe(self) -> dict[str, Any]:
         """What ran: runtime name and version, device, effective configuration."""
 
+    def prepare(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Make runs of exactly these input shapes as fast as the runtime can: a server calls it
+        for each batch shape it will form, before any request. The default has nothing to do."""
+
     def close(self) -> None:
         """Release the runtime's resources. The default has nothing to release."""
 

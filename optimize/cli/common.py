@@ -76,3 +76,10 @@ def deprecated_alias(value: _T | None, old_value: _T | None, flag: str, old_flag
         raise UsageError(f"{old_flag} is the old name of {flag}: give one of them")
     err_console.print(f"[yellow]warning:[/] {old_flag} is deprecated, use {flag}", highlight=False)
     return old_value
+
+
+def given_on_command_line(ctx: typer.Context, name: str) -> bool:
+    """Whether the user gave option `name` (by its parameter name) rather than taking its default.
+    By the source's name: typer carries its own copy of click, whose enum is not click's."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name != "DEFAULT"

@@ -14,13 +14,15 @@ from optimize.cli.common import (
     JsonOption,
     console,
     err_console,
+    given_on_command_line,
     print_json,
 )
-from optimize.env import check_thread_count
+from optimize.env import check_thread_count, machine_fingerprint
 from optimize.errors import UsageError
 from optimize.export import ExportRequest, export_triton
 from optimize.export.batching import measure_profile, profile_from_report
 from optimize.export.triton import preflight
+from optimize.serve.config_search import searched_defaults
 from optimize.units import duration_parser, percentile_parser
 
 EPILOG = """
@@ -48,6 +50,7 @@ runtime inside Triton), TensorRT-RTX engines.
 
 
 def export(
+    ctx: typer.Context,
     artifact_arg: Path | None = typer.Argument(
         None, metavar="ARTIFACT", help="Artifact folder written by `lto optimize`.", show_default=False
     ),
@@ -127,6 +130,17 @@ def export(
                     bar.update(task, description=f"measuring {label}: {runs} runs, {elapsed:.1f}s")
 
                 profile = measure_profile(artifact, batches, measure_time, tick)
+    # The serving configuration searched here (lto load --search-config) fills the flags not given.
+    given = {"instances"} if given_on_command_line(ctx, "instances") else set()
+    searched, notes = searched_defaults(artifact, given, machine_fingerprint())
+    for note in notes:
+        err_console.print(f"[dim]{note}[/]", highlight=False)
+    instances = int(searched.get("instances", instances))
+    serving = (
+        {"max_batch": searched["max_batch"], "max_wait_ms": searched["max_wait_ms"]}
+        if "max_batch" in searched and "max_wait_ms" in searched
+        else None
+    )
     interrupts.set_activity(f"writing {triton / target_name}")
     result = export_triton(
         ExportRequest(
@@ -139,6 +153,7 @@ def export(
             profile=profile,
             storage_uri=storage_uri,
             backend=backend,
+            serving=serving,
         )
     )
     from rich.markup import escape

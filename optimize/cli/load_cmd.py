@@ -44,6 +44,8 @@ EPILOG = """
   lto load sample_models/mlp_small.onnx --concurrency 16 --requests 2000 --json
 
   lto load http://127.0.0.1:8000 --qps 200 --slo-ms 15 --floor out/model/   [dim](with the floor beside it)[/]
+  lto load --artifact out/model/ --search-config --slo-ms 15 --duration 5s
+      [dim](serves each configuration, keeps the one that carries the most within the SLO)[/]
 
 MLPerf LoadGen schedules the load and judges the run: Server scenario for --qps (Poisson arrivals,
 each latency from its scheduled arrival, so queueing is never hidden), SingleStream for one query
@@ -111,6 +113,13 @@ def load(
         "behind one greedy worker at the same load (the floor; in-process targets get it anyway).",
     ),
     no_floor: bool = typer.Option(False, "--no-floor", help="Do not measure the floor."),
+    search_config: bool = typer.Option(
+        False,
+        "--search-config",
+        help="Serve the artifact with each batching/instance configuration, "
+        "search each one's highest rate within --slo-ms, keep the best in DIR/serving.json "
+        "(lto serve --artifact DIR then uses it).",
+    ),
     output: Path | None = typer.Option(
         None, "--output", "-o", help="Write the JSON report (kind load) here."
     ),
@@ -138,6 +147,7 @@ def load(
         loadgen_log=loadgen_log,
         floor=not no_floor,
         floor_model=floor,
+        search_config=search_config,
     )  # fmt: skip
     config = BatcherConfig(max_batch=max_batch, max_wait_ms=max_wait_ms, target_latency_ms=target_latency_ms,
                            max_queue=max_queue, instances=instances)  # fmt: skip

@@ -12,12 +12,15 @@ from optimize.cli.common import (
     ShapeOption,
     console,
     deprecated_alias,
+    given_on_command_line,
 )
+from optimize.env import machine_fingerprint
 from optimize.errors import UsageError
 from optimize.files import check_output_file
 from optimize.inputs import parse_shape_args
 from optimize.serve.app import LoadOptions, run_serve
 from optimize.serve.batcher import BatcherConfig
+from optimize.serve.config_search import searched_defaults
 from optimize.serve.loadgen import LoadSettings
 from optimize.serve.server import ServerConfig
 from optimize.units import duration_parser, percentile_parser
@@ -46,6 +49,9 @@ SIGTERM or Ctrl-C drains: everything accepted is answered, then the process exit
 """
 
 LIMITS = "HTTP limits (what one client may cost; docs/serving-limits.md)"
+# The flags `lto load --search-config` searches (their parameter names); the search's values stand in
+# for those not given.
+SEARCHED = ("max_batch", "max_wait_ms", "instances", "threads", "busy_poll_us")
 MIB = 1024 * 1024
 
 # Batching options, shared with `lto load --artifact` (in-process runs use the same batcher).
@@ -90,6 +96,7 @@ def percentile_option(help_text: str) -> typer.models.OptionInfo:
 
 
 def serve(
+    ctx: typer.Context,
     model: Path | None = typer.Argument(
         None, help="ONNX model file (run with ONNX Runtime).", show_default=False
     ),
@@ -271,6 +278,17 @@ def serve(
         server_config.http_limits().check()
     except ValueError as exc:
         raise UsageError(str(exc), "see the HTTP limits in lto serve --help") from None
+    # An artifact's searched configuration (lto load --search-config) stands in for flags not given.
+    given = {name for name in SEARCHED if given_on_command_line(ctx, name)}
+    searched, notes = searched_defaults(artifact or (model if model and model.is_dir() else None), given,
+                                        machine_fingerprint())  # fmt: skip
+    for note in notes:
+        console.print(f"[dim]{note}[/]", highlight=False)
+    max_batch = searched.get("max_batch", max_batch)
+    max_wait_ms = searched.get("max_wait_ms", max_wait_ms)
+    instances = searched.get("instances", instances)
+    threads = searched.get("threads", threads)
+    server_config.busy_poll_us = searched.get("busy_poll_us", busy_poll_us)
     code = run_serve(
         model,
         artifact,

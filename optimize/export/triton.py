@@ -74,6 +74,9 @@ class ExportRequest:
     # native: the runtime's own Triton backend (onnxruntime, openvino, tensorrt); python: lto's own
     # runtime inside Triton's python backend (optimize/export/templates/model.py).
     backend: str = "native"
+    # The serving configuration searched on this machine (optimize/serve/config_search.py), when the
+    # artifact has one and no batch profile was given: its batching and instances are exported.
+    serving: dict[str, Any] | None = None
 
 
 @dataclass
@@ -253,6 +256,17 @@ def build_config(request: ExportRequest, manifest: dict[str, Any], name: str) ->
                 "preferred_batch_size": plan.preferred_batch_size,
                 "max_queue_delay_microseconds": plan.max_queue_delay_us,
             }
+    elif request.serving is not None and request.profile is None:
+        searched = request.serving
+        max_batch = int(searched["max_batch"])
+        if io.batch_limit is not None:
+            max_batch = min(max_batch, io.batch_limit)
+        if max_batch > 1:
+            dynamic = {"max_queue_delay_microseconds": round(float(searched["max_wait_ms"]) * 1000)}
+        notes.append(
+            f"batching as searched for lto serve on this machine (serving.json): max_batch_size {max_batch}, "
+            f"queue delay {float(searched['max_wait_ms']):g} ms"
+        )
     else:
         max_batch = max(1, _measured_batch(manifest))
         if io.batch_limit is not None:

@@ -251,6 +251,9 @@ def load_section(section: Mapping[str, Any], settings: Mapping[str, Any] | None 
             f"max batch {server.get('max_rows', '?')}, max wait {config.get('max_wait_ms', '?')} ms, "
             f"target latency {config.get('target_latency_ms', '?')} ms"
         )
+    if section.get("config_search"):
+        return "\n".join([*lines, *_config_search_lines(section["config_search"]), "",
+                          _load_verdict(section.get("verdict") or {})]) + "\n"  # fmt: skip
     runs = section.get("runs") or []
     search = section.get("max_qps")
     if runs:
@@ -329,6 +332,27 @@ def load_section(section: Mapping[str, Any], settings: Mapping[str, Any] | None 
         lines += _floor_lines(section["floor"], runs[-1])
     lines += ["", _load_verdict(section.get("verdict") or {})]
     return "\n".join(lines) + "\n"
+
+
+def _config_search_lines(found: Mapping[str, Any]) -> list[str]:
+    """Each configuration served, its highest rate within the SLO, and the one kept."""
+    lines = [
+        "",
+        "### Serving configurations searched",
+        "",
+        f"| configuration | max qps, p{found['percentile']:g} ≤ {found['slo_ms']:g} ms, VALID "
+        "| rates tried |",
+        "|---|---:|---:|",
+    ]
+    for tried in found["tried"]:
+        kept = " **(kept)**" if tried["config"] == found["config"] else ""
+        rate = "–" if tried.get("max_qps") is None else f"{tried['max_qps']:.1f}"
+        lines.append(f"| {tried['label']}{kept} | {rate} | {len(tried['curve'])} |")
+    lines += [
+        "",
+        f"Written to `{found['written_to']}`; `lto serve --artifact` uses it for the flags not given.",
+    ]
+    return lines
 
 
 def _floor_lines(floor: Mapping[str, Any], target: Mapping[str, Any]) -> list[str]:

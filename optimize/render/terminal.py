@@ -268,6 +268,9 @@ def render_gate(data: Mapping[str, Any], console: Console) -> None:
 def render_load(report: dict[str, Any], console: Console) -> None:
     """Human summary: latency, throughput, errors, batches, where the time went, verdict."""
     load = report["load"]
+    if load.get("config_search"):
+        _render_config_search(load, console)
+        return
     for run in load["runs"] if load.get("max_qps") is None else load["runs"][-1:]:
         lat = run["latency_ms"]
         head = (
@@ -379,6 +382,25 @@ def _render_floor(load: dict[str, Any], console: Console) -> None:
             + (f" ({mine / its:.0%} of the floor)" if mine and its else ""),
             highlight=False,
         )
+
+
+def _render_config_search(load: dict[str, Any], console: Console) -> None:
+    """Each configuration served and its highest rate within the SLO; the one kept and where."""
+    found = load["config_search"]
+    table = Table("configuration", f"max qps, p{found['percentile']:g} <= {found['slo_ms']:g} ms, VALID",
+                  "rates tried", title="serving configurations", title_justify="left")  # fmt: skip
+    for tried in found["tried"]:
+        chosen = " (kept)" if tried["config"] == found["config"] else ""
+        table.add_row(tried["label"] + chosen, _opt_rate(tried["max_qps"]), str(len(tried["curve"])))
+    console.print(table)
+    best = found.get("max_qps")
+    console.print(
+        f"kept: {next(t['label'] for t in found['tried'] if t['config'] == found['config'])}"
+        + (f", {best:.1f}/s" if best else ", no rate met the SLO")
+        + f"; written to {found['written_to']}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _opt_rate(value: float | None) -> str:

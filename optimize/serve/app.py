@@ -16,6 +16,7 @@ import numpy as np
 from optimize.backend import TensorSpec
 from optimize.errors import LtoError, UsageError, message_line
 from optimize.inputs import InputSpec, load_samples, resolve_inputs
+from optimize.report import new_report
 from optimize.runtime_model import RuntimeModel
 from optimize.serve import mlperf, polling
 from optimize.serve.batcher import Batcher, BatcherConfig
@@ -76,6 +77,9 @@ class LoadOptions:
     # the model or artifact named here.
     floor: bool = True
     floor_model: Path | None = None
+    # Search the artifact's serving configuration under the SLO and store it beside the artifact
+    # (optimize/serve/config_search.py).
+    search_config: bool = False
 
     def cli_args(self) -> list[str]:
         """The same options as `lto load` flags, for the child process of `serve --validate`."""
@@ -327,11 +331,11 @@ async def _floor(
     try:
         if progress is not None:
             progress(f"floor: {served.label} in this process, one worker; its batch-1 throughput alone first")
-        alone = await asyncio.get_running_loop().run_in_executor(None, throughput_alone, backend, rows)
         endpoint = FloorEndpoint(backend, rows)
-        await endpoint.open()
+        await endpoint.open()  # prepares the batch shapes it may form: `alone` runs prepared too
         found: MaxQpsSearch | None = None
         try:
+            alone = await asyncio.get_running_loop().run_in_executor(None, throughput_alone, backend, rows)
             if search:
                 found = await find_max_qps(
                     endpoint,
@@ -361,6 +365,60 @@ def _prefixed(progress: Callable[[str], None] | None, prefix: str) -> Callable[[
     return None if progress is None else (lambda line: progress(prefix + line))
 
 
+def _search_config_command(
+    target_arg: str | None,
+    artifact: Path | None,
+    model_name: str | None,
+    shapes: dict[str, tuple[int, ...]],
+    input_data: Path | None,
+    options: LoadOptions,
+    run: Callable[[Endpoint, LoadSettings], Awaitable[LoadResult]],
+    progress: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    """`lto load --artifact DIR --search-config --slo-ms N`: serve each configuration for real,
+    search its highest rate within the SLO, keep the best beside the artifact."""
+    from optimize.env import environment
+    from optimize.serve.config_search import search_config, write_serving
+
+    if target_arg is not None and target_arg.startswith(("http://", "https://")):
+        raise UsageError("--search-config serves the artifact itself", "give --artifact DIR instead of a URL")
+    served = resolve_served(target_arg, artifact, model_name)
+    if served.artifact_dir is None:
+        raise UsageError("--search-config stores what it finds with an artifact", "give --artifact DIR")
+    backend = open_instances(served, 1)[0]
+    try:
+        row, _ = calibration_row(served, backend, shapes)
+        if input_data is not None or row is None:
+            _, rows = load_rows(
+                served.model_path, list(backend.inputs), shapes, input_data, options.settings.seed
+            )
+        else:
+            rows = [row]
+    finally:
+        backend.close()
+    found = asyncio.run(search_config(served.artifact_dir, rows, options.settings, run, progress))
+    machine = environment()
+    path = write_serving(served.artifact_dir, found, machine)
+    report = new_report("load", model_path=str(served.model_path), input_spec=served.input_spec,
+                        settings=options.settings.to_json())  # fmt: skip
+    best = found.best_qps()
+    report["load"] = {
+        "target": {"name": f"lto serve --artifact {served.artifact_dir}", "transport": "http"},
+        "server": None,
+        "runs": [r.summary() for t in found.tried for r in t.search.curve[-1:]],
+        "max_qps": None,
+        "config_search": {**found.to_json(), "written_to": str(path)},
+        "verdict": {
+            "passed": best is not None,
+            "reasons": []
+            if best
+            else [f"no configuration met p{options.settings.percentile:g} <= {options.settings.slo_ms:g} ms"],
+        },
+    }
+    report["settings"]["search_config"] = True
+    return report
+
+
 def run_load_command(
     target_arg: str | None,
     artifact: Path | None,
@@ -381,6 +439,10 @@ def run_load_command(
     if options.offline and remote:
         raise UsageError("--offline drives an in-process model or artifact", "drop the URL or --offline")
     run = options.runner(progress)
+    if options.search_config:
+        return _search_config_command(
+            target_arg, artifact, model_name, shapes, input_data, options, run, progress
+        )
 
     async def main() -> dict[str, Any]:
         batcher: Batcher | None = None

@@ -12,6 +12,7 @@ is measured the same way, so a rate can be given as a share of what the model ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from optimize.backend import Backend
+from optimize.serve.batcher import batch_shapes, warm_shapes
 from optimize.serve.loadgen import Endpoint, Outcome
 
 FLOOR_MAX_BATCH = 8  # rows one run may take when the model's batch axis is free
@@ -51,7 +53,15 @@ class FloorEndpoint(Endpoint):
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def open(self) -> None:
+        """Run every batch the worker may form once (a runtime's first run of a shape is set-up, not
+        the floor), then start the worker."""
         self._loop = asyncio.get_running_loop()
+        row = self.row_feeds[0]
+        per = next((int(v.shape[0]) for v in row.values() if v.ndim), 1)
+        with contextlib.suppress(Exception):  # a model that fails here fails its requests, answered
+            await self._loop.run_in_executor(
+                None, warm_shapes, self.backend, row, batch_shapes(per, per * self.max_batch)
+            )
         self._thread = threading.Thread(target=self._work, name="lto-floor", daemon=True)
         self._thread.start()
 

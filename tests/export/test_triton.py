@@ -121,6 +121,19 @@ def test_without_a_profile_there_is_no_dynamic_batching_and_lto_says_how_to_meas
     assert any("--measure-batches" in w and "lto bench" in w for w in result.warnings)
 
 
+def test_the_serving_configuration_searched_here_sets_triton_batching(
+    make_artifact: ArtifactMaker, tmp_path: Path
+) -> None:
+    artifact = make_artifact(batch=4)
+    serving = {"max_batch": 8, "max_wait_ms": 0.5}  # what lto load --search-config kept
+    result = export_triton(ExportRequest(artifact, tmp_path / "repo", name="m", serving=serving))
+    config = parse_config(tmp_path / "repo" / "m")
+    assert config.max_batch_size == 8
+    assert config.dynamic_batching.max_queue_delay_microseconds == 500
+    assert any("serving.json" in note for note in result.notes)
+    assert not any("--measure-batches" in w for w in result.warnings)
+
+
 def test_a_fixed_batch_dim_gives_max_batch_size_0_and_full_dims(
     make_artifact: ArtifactMaker, tmp_path: Path
 ) -> None:

@@ -125,11 +125,15 @@ def _rows(n: int) -> list[dict[str, np.ndarray]]:
 
 def test_the_floor_runs_whatever_waits_as_one_batch_in_arrival_order() -> None:
     gate = threading.Event()
+    gate.set()  # open() runs each batch shape once ...
     backend = SleepBackend(base_ms=1.0, gate=gate)
     floor = FloorEndpoint(backend, _rows(6), max_batch=8)
 
     async def main() -> list[Outcome]:
         await floor.open()
+        assert backend.calls == list(range(1, 9))  # every batch it may form, 1 to 8 requests
+        backend.calls.clear()
+        gate.clear()  # ... then runs wait on the gate
         try:
             tasks = [asyncio.ensure_future(floor.infer(0))]
             await asyncio.sleep(0.05)  # the first holds the worker (its run waits on the gate) ...

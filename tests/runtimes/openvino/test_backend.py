@@ -107,3 +107,21 @@ def test_unreadable_model_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_bytes(b"not a model at all")
     with pytest.raises(ModelError, match=r"openvino cannot read bad\.onnx"):
         open_backend("openvino", bad)
+
+
+def test_a_prepared_shape_runs_on_a_model_compiled_for_it_with_the_same_outputs() -> None:
+    from tests.conftest import sample_path
+
+    backend = open_backend("openvino", sample_path("resnet_tiny.onnx"), {"INFERENCE_PRECISION_HINT": "f32"})
+    rng = np.random.default_rng(2)
+    one = {"pixel_values": rng.standard_normal((1, 3, 64, 64), np.float32)}
+    four = {"pixel_values": rng.standard_normal((4, 3, 64, 64), np.float32)}
+    before = {name: next(iter(backend.run(feeds).values())) for name, feeds in (("one", one), ("four", four))}
+    backend.prepare(four)
+    backend.prepare(four)  # once per shape
+    assert len(backend._static) == 1  # one model compiled for its shape
+    after_four = next(iter(backend.run(four).values()))
+    after_one = next(iter(backend.run(one).values()))  # an unprepared shape runs on the dynamic model
+    np.testing.assert_allclose(after_four, before["four"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(after_one, before["one"], rtol=1e-4, atol=1e-5)
+    backend.close()
