@@ -63,6 +63,9 @@ def one_config(
               "--floor", artifact, *shapes]  # fmt: skip
     proc, url = start_serve(artifact, flags)
     try:
+        # A lone request at a time (LoadGen SingleStream): the model's run inside the server, from
+        # the server's own Server-Timing, against the same run alone (lto bench).
+        lone = lto("load", url, "--model", "m", "--requests", "700", "--no-floor", *shapes)
         points = []
         for rate in rates:
             print(f"  {rate:.0f}/s ...", file=sys.stderr, flush=True)
@@ -75,7 +78,7 @@ def one_config(
     finally:
         proc.terminate()
         proc.wait(30)
-    return {"flags": flags, "points": points, "search": search}
+    return {"flags": flags, "lone": lone, "points": points, "search": search}
 
 
 def _fig(run: dict[str, Any], key: str) -> str:
@@ -109,6 +112,11 @@ def table(name: str, alone_ms: float, configs: dict[str, dict[str, Any]], slo_ms
                 f"{_fig(run, 'p50')} / {_fig(run, 'p99')} | {_fig(floor, 'p50')} / {_fig(floor, 'p99')} | "
                 f"{ratio:.2f}x | {validity} |"
             )
+    lines += ["", "| configuration | lone request's model run in the server, p50 | alone (bench) | ratio |",
+              "|---|---|---|---|"]  # fmt: skip
+    for label, result in configs.items():
+        inside = result["lone"]["load"]["runs"][-1]["breakdown_ms"]["model"]["p50"]
+        lines.append(f"| {label} | {inside:.3f} ms | {alone_ms:.3f} ms | {inside / alone_ms:.2f}x |")
     searched = [(label, r["search"]) for label, r in configs.items() if r["search"] is not None]
     if searched:
         lines += ["", "| configuration | max rate, p99 within the SLO, VALID | floor's |", "|---|---|---|"]

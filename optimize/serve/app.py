@@ -14,12 +14,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from optimize.backend import TensorSpec
+from optimize.env import environment
 from optimize.errors import LtoError, UsageError, message_line
 from optimize.inputs import InputSpec, load_samples, resolve_inputs
 from optimize.report import new_report
 from optimize.runtime_model import RuntimeModel
 from optimize.serve import mlperf, polling
 from optimize.serve.batcher import Batcher, BatcherConfig
+from optimize.serve.config_search import search_config, write_serving
 from optimize.serve.floor import FloorEndpoint, throughput_alone
 from optimize.serve.loadgen import (
     Endpoint,
@@ -377,9 +379,6 @@ def _search_config_command(
 ) -> dict[str, Any]:
     """`lto load --artifact DIR --search-config --slo-ms N`: serve each configuration for real,
     search its highest rate within the SLO, keep the best beside the artifact."""
-    from optimize.env import environment
-    from optimize.serve.config_search import search_config, write_serving
-
     if target_arg is not None and target_arg.startswith(("http://", "https://")):
         raise UsageError("--search-config serves the artifact itself", "give --artifact DIR instead of a URL")
     served = resolve_served(target_arg, artifact, model_name)
