@@ -386,8 +386,10 @@ def _search_config_command(
         raise UsageError("--search-config stores what it finds with an artifact", "give --artifact DIR")
     backend = open_instances(served, 1)[0]
     try:
+        # The requests an in-process load sends: the artifact's own row, or what --shape pins and
+        # --input-data holds when given.
         row, _ = calibration_row(served, backend, shapes)
-        if input_data is not None or row is None:
+        if shapes or input_data is not None or row is None:
             _, rows = load_rows(
                 served.model_path, list(backend.inputs), shapes, input_data, options.settings.seed
             )

@@ -100,8 +100,12 @@ def _test_settings(lg: Any, settings: LoadSettings, scenario: str, expected_ms: 
     else:
         assert settings.duration_s is not None
         ts.min_duration_ms = int(settings.duration_s * 1e3)
-        ts.max_duration_ms = int(settings.duration_s * 1e3 * _MAX_DURATION_FACTOR)
         ts.min_query_count = settings.effective_min_queries()
+        # The cap leaves room for the minimum query count at the rate asked (at 7/s, 1000 queries
+        # take 143 s): a cap below that would make every slow run INVALID for its length alone.
+        rate = settings.qps if scenario == SERVER else 1e3 / max(expected_ms, 1e-3)
+        needed_s = ts.min_query_count / max(rate or 1.0, 1e-6)
+        ts.max_duration_ms = int(max(settings.duration_s, needed_s) * 1e3 * _MAX_DURATION_FACTOR)
     # Seeds from --seed, so that a run's arrivals and sample order can be repeated.
     ts.qsl_rng_seed = settings.seed
     ts.sample_index_rng_seed = settings.seed + 1
