@@ -283,12 +283,8 @@ class LoadResult:
         return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 
     def latency_at(self, percentile: float) -> float | None:
-        """The latency percentile: LoadGen's own figure where it ran and reports that percentile
-        (one measurement for the verdict and the report), else over the samples lto timed."""
-        if self.loadgen is not None:
-            reported = self.loadgen.get("latency_ms", {}).get(_percentile_key(percentile))
-            if reported is not None:
-                return float(reported)
+        """The latency percentile over the samples: LoadGen's own per-query latencies where it ran
+        (read from its trace), so the verdict, the tables and the plots are one measurement."""
         return float(np.percentile(self.samples_ms, percentile)) if self.samples_ms else None
 
     def invalid_because(self) -> str:
@@ -361,9 +357,7 @@ class LoadResult:
 
     def summary(self) -> dict[str, Any]:
         lat = {}
-        if self.loadgen is not None and self.loadgen.get("latency_ms"):
-            lat = dict(self.loadgen["latency_ms"])
-        elif self.samples_ms:
+        if self.samples_ms:
             arr = np.asarray(self.samples_ms)
             lat = {
                 "mean": float(arr.mean()),
@@ -433,11 +427,6 @@ def cpu_now() -> float:
         resource.RUSAGE_THREAD if hasattr(resource, "RUSAGE_THREAD") else resource.RUSAGE_SELF
     )
     return usage.ru_utime + usage.ru_stime
-
-
-def _percentile_key(percentile: float) -> str:
-    """LoadGen's name for a percentile in lto's summary: p50, p90, p99, p999."""
-    return "p" + f"{percentile:g}".replace(".", "")
 
 
 def record_outcome(result: LoadResult, target: Endpoint, outcome: Outcome, latency_ms: float) -> None:
