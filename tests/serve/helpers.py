@@ -1,4 +1,5 @@
-"""Helpers for the serve tests: a fake backend with a known latency, and a tiny token model."""
+"""Helpers for the serve tests: a fake backend with a known latency, a tiny token model, and a tiny
+artifact as `lto optimize` writes one."""
 
 from __future__ import annotations
 
@@ -147,3 +148,25 @@ class LocalClient:
     async def close(self) -> None:
         await self.session.close()
         await self.http.stop(timeout_s=5.0)
+
+
+def write_matmul_artifact(tmp_path: Path, batch: int = 1) -> Path:
+    """An artifact of a 16 -> 4 MatMul model on ONNX Runtime with one thread, measured at `batch`."""
+    from optimize.artifact import write_artifact
+    from optimize.inputs import resolve_inputs
+    from optimize.stage import Candidate
+    from tests.conftest import make_matmul_model
+
+    model = make_matmul_model(tmp_path / "m.onnx", features=16, out=4)
+    spec, _ = resolve_inputs(model, {}, None, batch=batch)
+    return write_artifact(
+        tmp_path / "art",
+        candidate=Candidate(label="baseline", model_path=model, runtime_config={"intra_op_num_threads": 1}),
+        input_spec=spec.to_json(),
+        outputs=[{"name": "y", "dtype": "float32", "shape": ["batch", 4]}],
+        history=[],
+        accuracy={"ok": True},
+        chain_details=[],
+        report={"kind": "optimize"},
+        report_md="# report\n",
+    )

@@ -22,27 +22,7 @@ from optimize.serve.config_search import (
 )
 from optimize.serve.loadgen import LoadSettings, run_load
 from tests.cli_helpers import run_cli
-from tests.conftest import make_matmul_model
-
-
-def _artifact(tmp_path: Path) -> Path:
-    from optimize.artifact import write_artifact
-    from optimize.inputs import resolve_inputs
-    from optimize.stage import Candidate
-
-    model = make_matmul_model(tmp_path / "m.onnx", features=16, out=4)
-    spec, _ = resolve_inputs(model, {}, None, batch=1)
-    return write_artifact(
-        tmp_path / "art",
-        candidate=Candidate(label="baseline", model_path=model, runtime_config={"intra_op_num_threads": 1}),
-        input_spec=spec.to_json(),
-        outputs=[{"name": "y", "dtype": "float32", "shape": ["batch", 4]}],
-        history=[],
-        accuracy={"ok": True},
-        chain_details=[],
-        report={"kind": "optimize"},
-        report_md="# report\n",
-    )
+from tests.serve.helpers import write_matmul_artifact
 
 
 def _write_serving(art: Path, chosen: ServeConfig, max_qps: float) -> None:
@@ -55,7 +35,7 @@ def _write_serving(art: Path, chosen: ServeConfig, max_qps: float) -> None:
 def test_the_search_serves_each_configuration_and_keeps_the_one_that_carries_most(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    art = _artifact(tmp_path)
+    art = write_matmul_artifact(tmp_path)
     # Two values of one setting, lto's own short open loop: what is tested is the search's bookkeeping.
     monkeypatch.setattr(config_search, "dimensions", lambda cores: [("max_batch", [1, 32])])
     started: list[list[str]] = []
@@ -101,7 +81,7 @@ def test_serve_takes_the_searched_settings_for_flags_not_given_and_only_on_this_
 
 @pytest.mark.slow
 def test_lto_serve_says_it_uses_the_searched_configuration(tmp_path: Path) -> None:
-    art = _artifact(tmp_path)
+    art = write_matmul_artifact(tmp_path)
     chosen = ServeConfig(max_batch=4, max_wait_ms=0.0)
     _write_serving(art, chosen, 500.0)
     proc = run_cli("serve", "--artifact", art, "--port", "0", "--validate", "--requests", "50", timeout=240)

@@ -32,7 +32,7 @@ from optimize.serve.loadgen import (
 )
 from tests.cli_helpers import run_cli
 from tests.conftest import make_matmul_model
-from tests.serve.helpers import SleepBackend
+from tests.serve.helpers import SleepBackend, write_matmul_artifact
 
 LONG = 60_000.0
 
@@ -246,24 +246,9 @@ def test_lto_serve_validate_runs_load_over_http_and_exits_with_the_verdict(tmp_p
 
 
 def test_lto_load_drives_an_artifact_in_process(tmp_path: Path) -> None:
-    from optimize.artifact import write_artifact
-    from optimize.inputs import resolve_inputs
     from optimize.serve.loading import calibration_row, open_instances, resolve_served
-    from optimize.stage import Candidate
 
-    model = make_matmul_model(tmp_path / "m.onnx", features=16, out=4)
-    spec, _ = resolve_inputs(model, {}, None, batch=8)
-    art = write_artifact(
-        tmp_path / "art",
-        candidate=Candidate(label="baseline", model_path=model, runtime_config={"intra_op_num_threads": 1}),
-        input_spec=spec.to_json(),
-        outputs=[{"name": "y", "dtype": "float32", "shape": ["batch", 4]}],
-        history=[],
-        accuracy={"ok": True},
-        chain_details=[],
-        report={"kind": "optimize"},
-        report_md="# report\n",
-    )
+    art = write_matmul_artifact(tmp_path, batch=8)
     served = resolve_served(None, art)
     assert served.label == "art" and served.runtime_config == {"intra_op_num_threads": 1}
     backends = open_instances(served, 1)
