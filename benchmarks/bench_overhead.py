@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from optimize.bench import BenchSettings, measure
-from optimize.inputs import resolve_inputs
+from optimize.data import resolve_inputs
 from optimize.runtimes.backends import open_backend
 from optimize.stats import bootstrap_ci
 

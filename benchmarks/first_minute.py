@@ -40,7 +40,7 @@ from benchmarks.corpus_speedups import Run, alone_speedups, judge_outside, lto_c
 from corpus import ENTRIES, CorpusError, Entry
 from corpus.data import write_calib_npz, write_input_npz
 from optimize.bench.peaks import machine_class, machine_peaks
-from optimize.env import cpu_isa_flags, cpu_model
+from optimize.system.env import cpu_isa_flags, cpu_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SEARCHES = {

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.slow_model import make_slower
+from optimize.data import parse_shape_args
 from optimize.gate import (
     REGRESSED,
     GateSettings,
@@ -32,7 +33,6 @@ from optimize.gate import (
     parse_fraction,
     rerun_bench_settings,
 )
-from optimize.inputs import parse_shape_args
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -33,8 +33,8 @@ from benchmarks.gate_error_rates import wilson
 from benchmarks.slow_model import make_slower, shape_args
 from optimize.bench import BenchSettings
 from optimize.bench.command import BenchRequest, run_bench
+from optimize.data import parse_shape_args
 from optimize.gate import REGRESSED, GateSettings, gate_reports, parse_fraction
-from optimize.inputs import parse_shape_args
 from optimize.report import write_report
 
 ROOT = Path(__file__).resolve().parent.parent

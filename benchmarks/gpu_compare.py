@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 
 from optimize.bench import BenchSettings, compare, measure
+from optimize.data import resolve_inputs
 from optimize.errors import LtoError
 from optimize.files import write_text_atomic
-from optimize.gpu import gpu_status
-from optimize.inputs import resolve_inputs
 from optimize.render.markdown import render_markdown
 from optimize.report import new_report, write_report
 from optimize.runtimes.backends import open_backend
+from optimize.system.gpu import gpu_status
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -45,7 +45,7 @@ def remeasure(name: str, extra: list[str], out_dir: Path, max_time_s: float) -> 
     """Artifact vs original on ORT defaults, interleaved here; returns speedup and its 95% CI."""
     from optimize.artifact import load_artifact
     from optimize.bench import BenchSettings, compare
-    from optimize.inputs import parse_shape_args, resolve_inputs
+    from optimize.data import parse_shape_args, resolve_inputs
     from optimize.runtimes.backends import open_backend
 
     shapes = parse_shape_args([extra[i + 1] for i, a in enumerate(extra) if a == "--shape"])

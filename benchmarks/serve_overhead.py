@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from harness.raw_load import binary_infer_request, http_request
-from optimize.inputs import parse_shape_args, resolve_inputs
+from optimize.data import parse_shape_args, resolve_inputs
 from optimize.runtimes.backends import open_backend
 from optimize.serve.batcher import Batcher, BatcherConfig
 from optimize.serve.loadgen import (

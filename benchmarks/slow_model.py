@@ -37,7 +37,7 @@ def make_slower(
 
 def shape_args(args: list[str]) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
     """lto's --shape values split into named dims (one number) and whole input shapes."""
-    from optimize.inputs import parse_shape_args
+    from optimize.data import parse_shape_args
 
     parsed = parse_shape_args(args)
     dims = {k: v[0] for k, v in parsed.items() if len(v) == 1}

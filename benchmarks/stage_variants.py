@@ -22,7 +22,7 @@ import numpy as np
 
 from optimize.accuracy import AccuracyResult
 from optimize.bench import BenchSettings, compare
-from optimize.inputs import resolve_inputs
+from optimize.data import resolve_inputs
 from optimize.runtimes.onnxruntime.backend import OrtBackend
 from optimize.runtimes.onnxruntime.graph_fusion import GraphFusionStage
 from optimize.runtimes.onnxruntime.memory_layout import MemoryLayoutStage

@@ -100,7 +100,7 @@ def bench_one(name: str, args: argparse.Namespace, console: Any) -> dict[str, An
 
 def _bench_one(name: str, args: argparse.Namespace, console: Any, work: Path) -> dict[str, Any]:
     from optimize.bench import BenchSettings, measure_where_it_runs
-    from optimize.inputs import resolve_inputs
+    from optimize.data import resolve_inputs
     from optimize.runtimes.backends import open_in_worker
     from optimize.runtimes.tvm.backend import TvmBackend
     from optimize.runtimes.tvm.tune_stage import TvmTuneStage

@@ -1,6 +1,6 @@
 """Running corpus models on onnxruntime and writing their samples as .npz files that `lto` reads.
 
-Two files per entry, because lto reads them differently (optimize/inputs.py, quantize.py):
+Two files per entry, because lto reads them differently (optimize/data/, quantize.py):
 - `--input-data`: ONE sample, one array per input named after it, exactly as fed to the model. lto
   checks it against the model's inputs (fixed dims included), so a stack of samples is refused for a
   fixed-batch model and, for a dynamic-batch one, silently becomes a bigger benchmark batch.

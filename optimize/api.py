@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from optimize.artifact import load_artifact
 from optimize.bench import BenchSettings
 from optimize.bench.command import BenchRequest, run_bench, run_compare
+from optimize.data import InputSpec, feeds_from_spec, parse_shape_args, split_shape_args
 from optimize.errors import UsageError
-from optimize.inputs import InputSpec, feeds_from_spec, parse_shape_args, split_shape_args
-from optimize.onnx_file import load_model
+from optimize.model.onnx_file import load_model
 from optimize.pipeline import OptimizeRequest, optimize
 from optimize.pipeline.request import DEFAULT_TIME_BUDGET_S
 from optimize.runtimes.backends import open_backend

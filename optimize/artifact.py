@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from optimize.backend import check_thread_settings
-from optimize.env import (
+from optimize.errors import ModelError, UsageError
+from optimize.files import atomic_directory, sha256_file, write_json_atomic, write_markdown_atomic
+from optimize.model.onnx_file import NCHWC_DOMAIN, QUANT_OPS, external_data_paths, iter_nodes, load_model
+from optimize.model.runtime_model import RuntimeModel
+from optimize.render.html_page import artifact_pages
+from optimize.system.env import (
     VNNI_FLAGS,
     cpu_isa_flags,
     environment,
@@ -29,11 +34,6 @@ from optimize.env import (
     machine_fingerprint,
     nchwc_block_width,
 )
-from optimize.errors import ModelError, UsageError
-from optimize.files import atomic_directory, sha256_file, write_json_atomic, write_markdown_atomic
-from optimize.onnx_file import NCHWC_DOMAIN, QUANT_OPS, external_data_paths, iter_nodes, load_model
-from optimize.render.html_page import artifact_pages
-from optimize.runtime_model import RuntimeModel
 from optimize.version import __version__
 
 MANIFEST = "manifest.json"

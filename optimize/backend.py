@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from optimize.env import check_thread_count
 from optimize.errors import InputError, UsageError
+from optimize.system.env import check_thread_count
 
 
 @dataclass(frozen=True)

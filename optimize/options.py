@@ -82,7 +82,7 @@ def table() -> Schema:
 
 def threads() -> Schema:
     """A thread count (0: the runtime's default); its upper bound depends on this machine and is
-    checked by optimize.env.check_thread_count where the option is used."""
+    checked by optimize.system.env.check_thread_count where the option is used."""
     return {"type": "integer", "minimum": 0, "x-threads": True}
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optimize.env import check_thread_count
+from optimize.accuracy import METRICS, Thresholds
 from optimize.errors import UsageError
 from optimize.options import (
     Schema,
@@ -47,8 +47,7 @@ from optimize.options import (
     thread_options,
 )
 from optimize.runtimes.registry import stage_infos
-from optimize.task_metrics import METRICS
-from optimize.thresholds import Thresholds
+from optimize.system.env import check_thread_count
 
 if TYPE_CHECKING:
     import onnx

@@ -12,9 +12,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from optimize.env import environment
 from optimize.errors import UsageError
 from optimize.files import sha256_file, write_json_atomic
+from optimize.system.env import environment
 from optimize.version import __version__
 
 SCHEMA_VERSION = "1.0"

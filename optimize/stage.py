@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from optimize.accuracy import AccuracyResult
-from optimize.runtime_model import RuntimeModel
+from optimize.model.runtime_model import RuntimeModel
 
 # What a stage proposes is a model in a runtime like any other.
 Candidate = RuntimeModel

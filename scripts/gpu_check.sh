@@ -5,7 +5,7 @@
 #   PYTHON=/path/to/python scripts/gpu_check.sh
 #
 # 1. records the driver, the GPU and the GPU packages (OUT_DIR/summary.txt, nvidia-smi.txt);
-# 2. runs tests/test_gpu_detection.py tests/runtimes/tensorrt tests/runtimes/onnxruntime/test_gpu_backend.py tests/runtimes/test_gpu_backends.py with its GPU-only tests (engine build + run vs ONNX Runtime, CUDA
+# 2. runs tests/system/test_gpu_detection.py tests/runtimes/tensorrt tests/runtimes/onnxruntime/test_gpu_backend.py tests/runtimes/test_gpu_backends.py with its GPU-only tests (engine build + run vs ONNX Runtime, CUDA
 #    graphs, refusal of a foreign engine, ORT CUDA fail-closed) -> gpu-tests.txt / .xml;
 # 3. benchmarks TensorRT (fp32, fp16, with and without CUDA graphs) and ONNX Runtime CUDA against
 #    ONNX Runtime CPU on sample_models/resnet_tiny.onnx -> gpu-compare.json / .md.
@@ -28,7 +28,7 @@ timeout 30 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi: not avai
 
 "$PY" - >> "$SUMMARY" 2>&1 <<'PYEOF'
 import importlib, importlib.metadata as md, json
-from optimize.gpu import detect_gpu
+from optimize.system.gpu import detect_gpu
 status = detect_gpu()
 print(json.dumps(status.to_json(), indent=2))
 for dist in ("tensorrt", "tensorrt-cu12", "tensorrt-cu13", "tensorrt-rtx-cu12", "cuda-python",
@@ -56,7 +56,7 @@ fi
 
 failed=0
 echo "== GPU tests" | tee -a "$SUMMARY"
-timeout 240 "$PY" -m pytest tests/test_gpu_detection.py tests/runtimes/tensorrt tests/runtimes/onnxruntime/test_gpu_backend.py tests/runtimes/test_gpu_backends.py -q -rs -p no:cacheprovider \
+timeout 240 "$PY" -m pytest tests/system/test_gpu_detection.py tests/runtimes/tensorrt tests/runtimes/onnxruntime/test_gpu_backend.py tests/runtimes/test_gpu_backends.py -q -rs -p no:cacheprovider \
     --junitxml "$OUT/gpu-tests.xml" > "$OUT/gpu-tests.txt" 2>&1
 rc=$?
 tail -n 25 "$OUT/gpu-tests.txt"

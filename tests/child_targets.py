@@ -1,4 +1,4 @@
-"""Functions tests run in child processes (optimize.child) and in backend workers: a module of
+"""Functions tests run in child processes (optimize.system.child) and in backend workers: a module of
 their own, importing only the standard library and optimize.errors, so that a child starts quickly."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 from optimize import errors
-from optimize.child import ParentLink
 from optimize.errors import InputError
+from optimize.system.child import ParentLink
 
 # A grandchild that ignores SIGTERM: only the SIGKILL after the grace period ends it.
 _STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"

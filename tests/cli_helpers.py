@@ -142,7 +142,7 @@ def _as_a_fresh_process(argv: list[str], env: dict[str, str] | None) -> Iterator
     Yields a list that holds, afterwards, the number of a signal that interrupted the run.
     """
     import optimize.__main__ as entry_point
-    from optimize import interrupts
+    from optimize.system import interrupts
 
     saved_env = dict(os.environ)
     saved_cwd = os.getcwd()

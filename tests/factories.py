@@ -54,7 +54,7 @@ def make_stage_context(
     """
     workdir.mkdir(parents=True, exist_ok=True)
     if feeds is None:
-        from optimize.inputs import resolve_inputs
+        from optimize.data import resolve_inputs
 
         _, feeds = resolve_inputs(model, dict(shapes or {}), batch=1)
     return StageContext(

@@ -65,3 +65,43 @@ def test_import_contracts_are_kept() -> None:
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "4 kept, 0 broken" in proc.stdout  # layers, no cycles, corpus/harness apart, runtimes apart
+
+
+# Packages the rest of lto enters through their __init__ only (their one door).
+ONE_DOOR = ("optimize.data", "optimize.accuracy")
+
+
+def _module_name(path: Path) -> str:
+    return path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
+
+
+def _imports_past_a_door(path: Path, rel: str) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        modules = []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module]
+        elif isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        for module in modules:
+            for door in ONE_DOOR:
+                inside = rel == door or rel.startswith(door + ".")
+                if module.startswith(door + ".") and not inside:
+                    found.append((node.lineno, module))
+    return found
+
+
+def test_data_and_accuracy_are_entered_through_their_door() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT).as_posix()}:{line} imports {module}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line, module in _imports_past_a_door(path, _module_name(path))
+    ]
+    assert not offenders, "import these from the package itself:\n" + "\n".join(offenders)
+
+
+def test_the_door_check_sees_an_import_past_the_door(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("from optimize.data.npz import read_npz\nfrom optimize.data import read_npz as r\n")
+    assert _imports_past_a_door(probe, "optimize.pipeline.probe") == [(1, "optimize.data.npz")]
+    assert _imports_past_a_door(probe, "optimize.data.rows") == []

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from optimize.inputs import check_memory
+from optimize.data import check_memory
 from optimize.report import load_report
 from tests.cli_helpers import ROOT, assert_clean_error, run_cli
 from tests.conftest import sample_path
@@ -131,7 +131,7 @@ def test_input_data_repeated_past_memory_is_refused_before_loading(tmp_path: Pat
 
 
 def test_memory_check_passes_normal_shapes_quickly(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("optimize.env.available_memory", lambda: 2**30)
+    monkeypatch.setattr("optimize.system.env.available_memory", lambda: 2**30)
     started = time.monotonic()
     shapes = {name: (1, 128) for name in ("input_ids", "attention_mask", "token_type_ids")}
     check_memory([(n, "int64", s) for n, s in shapes.items()], sample_path("bert_tiny.onnx"))

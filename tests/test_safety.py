@@ -245,14 +245,14 @@ def test_sigterm_during_optimize_keeps_the_previous_artifact(tmp_path: Path, art
 
 
 def _is_tuner(child: psutil.Process) -> bool:
-    """lto's child process running the tvm-tune stage (optimize.child names what a child is on
+    """lto's child process running the tvm-tune stage (optimize.system.child names what a child is on
     its command line), not a worker hosting a model. A child that ends while it is looked at (a
     zombie, or gone) is not the tuner."""
     try:
         cmdline = " ".join(child.cmdline())
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return False
-    return "optimize.child" in cmdline and "the tvm-tune process" in cmdline
+    return "optimize.system.child" in cmdline and "the tvm-tune process" in cmdline
 
 
 @pytest.mark.slow

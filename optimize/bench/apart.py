@@ -30,7 +30,6 @@ import numpy as np
 
 from optimize.backend import Backend
 from optimize.bench.engine import BenchSettings, Comparison, Measurement, _batch_of, _time_runs, compare_here
-from optimize.env import CpuLoadMonitor
 from optimize.runtimes.worker import SubprocessBackend
 from optimize.stats import (
     BLOCK_STATISTICS,
@@ -41,6 +40,7 @@ from optimize.stats import (
     interleaved_ratio_ci,
     paired_ratio,
 )
+from optimize.system.env import CpuLoadMonitor
 
 # A worker counts as idle once its threads used less than this share of one core over a poll
 # window (ORT's spin-wait uses a whole core; a parked thread pool uses none).

@@ -15,10 +15,10 @@ from optimize.backend import Backend
 from optimize.bench.apart import PROCESS_SETS, compare, compare_in_process_sets, worker_of
 from optimize.bench.engine import BenchSettings, Comparison, Measurement, measure
 from optimize.bench.repeat import run_repeated
+from optimize.data import InputSpec, check_memory, feeds_from_spec, resolve_inputs
 from optimize.errors import InputError, UsageError
-from optimize.inputs import InputSpec, check_memory, feeds_from_spec, resolve_inputs
+from optimize.model.runtime_model import RuntimeModel
 from optimize.report import new_report
-from optimize.runtime_model import RuntimeModel
 from optimize.runtimes.backends import open_model, open_model_in_worker
 from optimize.runtimes.registry import backend_info
 

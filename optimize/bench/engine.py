@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from optimize.backend import Backend
-from optimize.env import CpuLoadMonitor
 from optimize.runtimes.worker import SubprocessBackend
 from optimize.stats import (
     PairedRatio,
@@ -26,6 +25,7 @@ from optimize.stats import (
     summarize,
     tail_flags,
 )
+from optimize.system.env import CpuLoadMonitor
 
 # A measurement is called unstable above these.
 UNSTABLE_CV = 0.25

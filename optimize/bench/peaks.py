@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from optimize.env import cpu_class, cpu_isa_flags, has_bf16_isa, machine_fingerprint, physical_cores
 from optimize.files import cache_root, write_json_atomic
+from optimize.system.env import cpu_class, cpu_isa_flags, has_bf16_isa, machine_fingerprint, physical_cores
 
 PEAKS_ENV = "LTO_PEAKS"
 CACHE_NAME = "machine-peaks.json"

@@ -6,7 +6,7 @@ far more than the CI of any single process says. A report meant as a gate's base
 carries several process-level repetitions, and the gate compares the distribution of their
 per-repetition figures (as benchstat does), not the pooled runs.
 
-Each repetition is a child process (optimize.child: a fresh interpreter, never a fork) that runs
+Each repetition is a child process (optimize.system.child: a fresh interpreter, never a fork) that runs
 `run_bench` and sends its report back, with progress ticks; its errors come back as lto's own.
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from optimize.bench.engine import UNSTABLE_CV, UNSTABLE_FOREIGN_LOAD
-from optimize.child import PROGRESS, ParentLink, start_child
 from optimize.errors import LtoError
 from optimize.stats import summarize, tail_flags
+from optimize.system.child import PROGRESS, ParentLink, start_child
 
 Progress = Callable[[str, int, float], None]
 # One measurement of a request, with progress ticks: optimize.bench.command.run_bench.

@@ -8,9 +8,9 @@ import sys
 
 import typer
 
-from optimize import interrupts
 from optimize.cli.common import err_console, mark_command_start, reset_consoles
 from optimize.errors import LtoError, first_line
+from optimize.system import interrupts
 from optimize.version import __version__
 
 try:  # typer >= 0.29 vendors click; older releases depend on it

@@ -7,7 +7,6 @@ from typing import Any
 
 import typer
 
-from optimize import interrupts
 from optimize.bench import BenchSettings
 from optimize.bench.apart import PROCESS_SETS
 from optimize.bench.command import BenchRequest, parse_batches, run_bench, run_compare
@@ -21,13 +20,14 @@ from optimize.cli.common import (
     err_console,
     print_json,
 )
-from optimize.env import check_thread_count
+from optimize.data import parse_shape_args
 from optimize.errors import UsageError
 from optimize.files import check_output_file, write_markdown_atomic
-from optimize.inputs import parse_shape_args
 from optimize.render.markdown import render_markdown
 from optimize.render.terminal import BudgetProgress, render_measurements
 from optimize.report import write_report
+from optimize.system import interrupts
+from optimize.system.env import check_thread_count
 from optimize.units import duration_parser
 
 EPILOG = """

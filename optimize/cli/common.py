@@ -10,9 +10,9 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 
-from optimize.env import process_age_s
 from optimize.errors import UsageError
 from optimize.files import _json_default
+from optimize.system.env import process_age_s
 
 console = Console()
 err_console = Console(stderr=True)

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import typer
 
-from optimize import interrupts
 from optimize.bench.command import parse_batches
 from optimize.cli.common import (
     DURATION_UNITS_HELP,
@@ -17,12 +16,13 @@ from optimize.cli.common import (
     given_on_command_line,
     print_json,
 )
-from optimize.env import check_thread_count, machine_fingerprint
 from optimize.errors import UsageError
 from optimize.export import ExportRequest, export_triton
 from optimize.export.batching import measure_profile, profile_from_report
 from optimize.export.triton import preflight
 from optimize.serve.config_search import searched_defaults
+from optimize.system import interrupts
+from optimize.system.env import check_thread_count, machine_fingerprint
 from optimize.units import duration_parser, percentile_parser
 
 EPILOG = """

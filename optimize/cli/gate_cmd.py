@@ -18,10 +18,10 @@ from optimize.cli.common import (
     err_console,
     print_json,
 )
+from optimize.data import parse_shape_args
 from optimize.errors import UsageError
 from optimize.files import check_output_file, write_markdown_atomic
 from optimize.gate import RerunRequest, gate_rerun, rerun_bench_settings
-from optimize.inputs import parse_shape_args
 from optimize.render.markdown import gate_section
 from optimize.render.terminal import BudgetProgress, render_gate
 from optimize.report import write_report

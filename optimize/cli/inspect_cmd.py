@@ -1,4 +1,4 @@
-"""`lto inspect`: parse flags, call optimize.inspection, print tables or JSON."""
+"""`lto inspect`: parse flags, call optimize.model.inspection, print tables or JSON."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import typer
 
 from optimize.artifact import load_artifact
 from optimize.cli.common import JsonOption, ShapeOption, console, print_json
+from optimize.data import parse_shape_args
 from optimize.errors import UsageError
-from optimize.inputs import parse_shape_args
-from optimize.inspection import inspect_model
+from optimize.model.inspection import inspect_model
 from optimize.render.terminal import render_inspection
 
 EPILOG = """
@@ -22,7 +22,7 @@ EPILOG = """
   lto inspect model.onnx --shape pixel_values=8x3x224x224 --json > model-info.json
 
 FLOPs/MACs are computed only when every dynamic dim is pinned; MatMul/Gemm/Conv MACs are exact,
-elementwise ops count 1 FLOP per element (convention in optimize/inspection.py).
+elementwise ops count 1 FLOP per element (convention in optimize/model/inspection.py).
 """
 
 

@@ -25,9 +25,9 @@ from optimize.cli.serve_cmd import (
     duration_option,
     percentile_option,
 )
+from optimize.data import parse_shape_args
 from optimize.errors import UsageError
 from optimize.files import check_output_file
-from optimize.inputs import parse_shape_args
 from optimize.render.terminal import render_load
 from optimize.report import write_report
 from optimize.serve.app import EXIT_SLO_MISSED, LoadOptions, run_load_command

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from optimize import interrupts
+from optimize.accuracy import METRICS
 from optimize.cli.common import (
     DURATION_UNITS_HELP,
     INPUT_DATA_HELP,
@@ -20,13 +20,13 @@ from optimize.cli.common import (
     err_console,
     print_json,
 )
+from optimize.data import split_shape_args
 from optimize.errors import UsageError
-from optimize.inputs import split_shape_args
 from optimize.pipeline import OptimizeRequest, optimize
 from optimize.pipeline import Progress as Base
 from optimize.pipeline.request import DEFAULT_TIME_BUDGET_S, parse_accuracy_spec
 from optimize.render.terminal import optimize_row_line, render_optimize_summary
-from optimize.task_metrics import METRICS
+from optimize.system import interrupts
 from optimize.units import clock_text, limit_parser, percentile_key_parser
 
 if TYPE_CHECKING:

@@ -14,15 +14,15 @@ from optimize.cli.common import (
     deprecated_alias,
     given_on_command_line,
 )
-from optimize.env import machine_fingerprint
+from optimize.data import parse_shape_args
 from optimize.errors import UsageError
 from optimize.files import check_output_file
-from optimize.inputs import parse_shape_args
 from optimize.serve.app import LoadOptions, run_serve
 from optimize.serve.batcher import BatcherConfig
 from optimize.serve.config_search import searched_defaults
 from optimize.serve.loadgen import LoadSettings
 from optimize.serve.server import ServerConfig
+from optimize.system.env import machine_fingerprint
 from optimize.units import duration_parser, percentile_parser
 
 EPILOG = """

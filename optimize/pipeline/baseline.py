@@ -1,10 +1,11 @@
 """Before any stage runs: the inputs, the judging rows, the reference outputs and what they can
 tell, frozen into one `Baseline` that every candidate is judged against.
 
-Every data file is checked against the model here, before any work is spent (rows.py decides
-which rows calibrate and which judge); the original model's outputs on the judging rows are the
-reference; each output's task metric is chosen and the evidence weighed (evidence.py): whether
-these rows can tell a right reduced or quantized candidate from a wrong one.
+Every data file is checked against the model here, before any work is spent (the data package's
+row plan decides which rows calibrate and which judge); the original model's outputs on the
+judging rows are the reference; each output's task metric is chosen and the evidence weighed
+(the accuracy package's evidence): whether these rows can tell a right reduced or quantized
+candidate from a wrong one.
 """
 
 from __future__ import annotations
@@ -15,25 +16,35 @@ from typing import Any
 
 import numpy as np
 
-from optimize import rows
-from optimize.accuracy import FEW_SAMPLES, UserMetric, check, choose_metrics
+from optimize.accuracy import (
+    FEW_SAMPLES,
+    MIN_ROWS,
+    Evidence,
+    MetricChoice,
+    UserMetric,
+    assess,
+    check,
+    choose_metrics,
+)
 from optimize.backend import Backend, TensorSpec
-from optimize.datasets import read_data
-from optimize.errors import UsageError
-from optimize.evidence import MIN_ROWS, Evidence, assess
-from optimize.inputs import (
+from optimize.data import (
     InputSpec,
+    RealRows,
+    RowPlan,
     batch_axes,
     generated_samples,
     model_input_specs,
     output_batch_axes,
+    plan_rows,
+    read_data,
+    read_real_rows,
     resolve_inputs,
 )
-from optimize.onnx_file import file_has_external_data
+from optimize.errors import UsageError
+from optimize.model.onnx_file import file_has_external_data
 from optimize.pipeline.record import RunRecord
 from optimize.recipes import Recipe, StageSpec
 from optimize.runtimes.registry import quantize_stages
-from optimize.task_metrics import MetricChoice
 
 Samples = list[dict[str, np.ndarray]]
 
@@ -45,7 +56,7 @@ class Baseline:
     model_path: Path  # absolute: stages run inside their scratch directories
     input_spec: InputSpec
     feeds: dict[str, np.ndarray]  # the benchmark inputs (dynamic dims pinned)
-    rows: rows.RowPlan  # the judging rows and where they came from
+    rows: RowPlan  # the judging rows and where they came from
     inputs: list[TensorSpec]  # the original model's inputs, as its runtime reads them
     outputs_spec: list[dict[str, Any]]
     reference: Samples  # the original model's outputs on the judging rows
@@ -72,7 +83,7 @@ class PreparedInputs:
 
     input_spec: InputSpec
     feeds: dict[str, np.ndarray]
-    rows: rows.RowPlan
+    rows: RowPlan
 
 
 def calibration_readers(recipe: Recipe) -> list[StageSpec]:
@@ -99,8 +110,8 @@ def calibration_unused_reason(recipe: Recipe, quantize: str) -> str:
 
 def prepare_inputs(record: RunRecord, model_path: Path, workdir: Path) -> PreparedInputs:
     """The benchmark feeds and the judging rows, with every data file checked against the model
-    before any stage runs (rows.py decides which rows do what). Stages that calibrate are pointed
-    at the calibration rows."""
+    before any stage runs (the data package's row plan decides which rows do what). Stages that
+    calibrate are pointed at the calibration rows."""
     record.status("resolving inputs")
     req, recipe = record.request, record.recipe
     th = recipe.accuracy
@@ -118,7 +129,7 @@ def prepare_inputs(record: RunRecord, model_path: Path, workdir: Path) -> Prepar
         gen_spec, _ = resolve_inputs(model_path, input_spec.shapes(), None, seed=req.seed)
         return generated_samples(gen_spec, req.seed, th.samples), f"seed {req.seed}, {th.samples} samples"
 
-    plan = rows.plan_rows(
+    plan = plan_rows(
         specs=specs,
         feeds=feeds,
         axes=axes,
@@ -138,7 +149,7 @@ def prepare_inputs(record: RunRecord, model_path: Path, workdir: Path) -> Prepar
     if plan.calibration_file is not None:
         for spec in calibration_readers(recipe):
             spec.options["calib_data"] = str(plan.calibration_file)
-    if plan.real and MIN_ROWS <= len(plan.samples) < FEW_SAMPLES:  # fewer: rows.py said so
+    if plan.real and MIN_ROWS <= len(plan.samples) < FEW_SAMPLES:  # fewer: the row plan said so
         record.warn(
             f"accuracy is judged on {len(plan.samples)} samples ({plan.source}), fewer than "
             f"{FEW_SAMPLES}: a rare failure can pass unseen; give more rows"
@@ -154,7 +165,7 @@ def _real_calibration_rows(
     specs: list[Any],
     feeds: dict[str, np.ndarray],
     axes: Any,
-) -> rows.RealRows | None:
+) -> RealRows | None:
     """--calib-data, or --data turned into rows, read and checked against the model now (the
     quantize stages read them late)."""
     req = record.request
@@ -165,7 +176,7 @@ def _real_calibration_rows(
         )
     if req.calib_data is None:
         return None
-    return rows.read_real_rows("--calib-data", Path(req.calib_data), specs, feeds, axes)
+    return read_real_rows("--calib-data", Path(req.calib_data), specs, feeds, axes)
 
 
 def _choose_metrics(

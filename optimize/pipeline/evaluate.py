@@ -23,16 +23,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from optimize.accuracy import AccuracyResult, MetricError, accuracy_json, check
+from optimize.accuracy import AccuracyResult, MetricError, accuracy_json, check, is_lossy, numerics
 from optimize.backend import Backend
 from optimize.bench import BenchSettings, Comparison, Measurement, measure_where_it_runs
 from optimize.bench.apart import MIN_ROUNDS, PROCESS_SETS, ApartRun, compare_apart, compare_in_process_sets
 from optimize.errors import first_line, full_text
-from optimize.evidence import is_lossy, numerics
+from optimize.model.runtime_model import RuntimeModel
 from optimize.pipeline import judge
 from optimize.pipeline.baseline import Baseline
 from optimize.pipeline.record import RunRecord, StageRecord, Status
-from optimize.runtime_model import RuntimeModel
 from optimize.runtimes.backends import open_backend, open_in_worker
 from optimize.runtimes.registry import runtime_of_backend
 

@@ -8,7 +8,7 @@ Run in a child with a session of its own, the stage never sees the terminal's Ct
 main thread does, ends the child's whole group (the builder and runner workers included)
 and unwinds as for any other interrupt.
 
-The child (started, heard and ended by optimize.child) gets a copy of the StageContext without
+The child (started, heard and ended by optimize.system.child) gets a copy of the StageContext without
 its callables: `log`, `warn` and `status` lines come back as messages, and `check_accuracy` is not
 offered (a stage that needs it runs in-process).
 """
@@ -21,8 +21,8 @@ from dataclasses import replace
 from typing import Any
 
 from optimize.accuracy import AccuracyResult
-from optimize.child import LOG, STATUS, WARN, ChildFailed, ParentLink, start_child
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
+from optimize.system.child import LOG, STATUS, WARN, ChildFailed, ParentLink, start_child
 
 # How long a stage's process that has sent its result has to exit before its group is ended.
 _EXIT_WAIT_S = 30.0

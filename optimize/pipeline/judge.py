@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from optimize.accuracy import AccuracyResult
-from optimize.evidence import Evidence, is_lossy
+from optimize.accuracy import AccuracyResult, Evidence, is_lossy
 from optimize.pipeline.record import StageRecord, Status
 from optimize.pipeline.request import OptimizeRequest, stage_disabled_reason
 from optimize.recipes import Recipe, StageSpec

@@ -19,15 +19,12 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from optimize import interrupts
-from optimize.accuracy import MetricError, accuracy_json
+from optimize.accuracy import MetricError, accuracy_json, numerics
 from optimize.artifact import write_artifact
 from optimize.bench import BenchSettings, Comparison, Measurement, peaks
-from optimize.env import cpu_isa_flags, machine_fingerprint
 from optimize.errors import first_line, full_text
-from optimize.evidence import numerics
-from optimize.inspection import model_flops
-from optimize.onnx_file import file_has_external_data
+from optimize.model.inspection import model_flops
+from optimize.model.onnx_file import file_has_external_data
 from optimize.pipeline import judge, order
 from optimize.pipeline.baseline import Baseline, prepare_baseline, prepare_inputs
 from optimize.pipeline.evaluate import CompareFn, Evaluator, MeasureFn, WorkerFn, open_candidate
@@ -54,6 +51,8 @@ from optimize.runtimes.registry import stage_runtime
 from optimize.runtimes.stages import load_stage
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 from optimize.stats import percentile_ci
+from optimize.system import interrupts
+from optimize.system.env import cpu_isa_flags, machine_fingerprint
 
 StageFactory = Callable[[str], Stage]
 # The final comparison times for at least this long, even when the --time-budget is spent: a

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from optimize.inputs import InputSpec
+from optimize.data import InputSpec
 from optimize.pipeline.request import OptimizeRequest
 from optimize.recipes import Recipe
 from optimize.stage import Outcome, TextEnum
@@ -65,7 +65,7 @@ class StageRecord:
     backend: str | None = None
     runtime_config: dict[str, Any] | None = None
     precision: str | None = None
-    # exact | reassociated | reduced | quantized (optimize/evidence.py), once its outputs were seen
+    # exact | reassociated | reduced | quantized (optimize/accuracy/evidence.py), once its outputs were seen
     numerics: str | None = None
     elapsed_s: float = 0.0
     # Why a rejected candidate was rejected: its outputs, or its speed.

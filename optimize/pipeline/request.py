@@ -14,11 +14,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optimize.accuracy import load_user_metric
+from optimize.accuracy import Thresholds, load_user_metric
+from optimize.data import check_data_file
 from optimize.errors import UsageError
 from optimize.files import check_output_dir, check_output_file
-from optimize.inputs import check_data_file
-from optimize.onnx_file import load_model
+from optimize.model.onnx_file import load_model
 from optimize.recipes import (
     OPTIONAL_THRESHOLDS,
     Recipe,
@@ -30,7 +30,6 @@ from optimize.recipes import (
 )
 from optimize.runtimes.registry import quantize_stages, searched_runtimes, stage_runtime
 from optimize.stats import PERCENTILES
-from optimize.thresholds import Thresholds
 from optimize.units import PERCENTILE_HINT, clock_text
 
 if TYPE_CHECKING:
@@ -89,7 +88,7 @@ class OptimizeRequest:
     metric: str | None = None  # --metric FILE.py:FUNCTION
     runtime: str = "auto"  # --runtime: auto | onnxruntime | openvino
     # --data: images, text lines or wav files (or an .npz) turned into real rows, split into
-    # calibration and judging rows like --calib-data alone (optimize/datasets.py).
+    # calibration and judging rows like --calib-data alone (optimize/data/datasets.py).
     data: Path | None = None
     preprocess: str | None = None  # --preprocess: how images become tensors
     tokenizer: Path | None = None  # --tokenizer tokenizer.json: how text lines become token ids

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optimize import interrupts
 from optimize.bench import Comparison
 from optimize.errors import UsageError, first_line
 from optimize.files import write_json_atomic
@@ -21,6 +20,7 @@ from optimize.pipeline.request import partial_report_path
 from optimize.render.optimize_section import accuracy_cell
 from optimize.report import new_report, write_report
 from optimize.stage import Candidate
+from optimize.system import interrupts
 
 
 @dataclass

@@ -408,7 +408,7 @@ def _opt_rate(value: float | None) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# inspect (optimize.inspection.inspect_model)
+# inspect (optimize.model.inspection.inspect_model)
 
 
 def _si(n: float, unit: str = "") -> str:
@@ -432,7 +432,8 @@ def _shape_text(shape: list[int | str | None] | None) -> str:
 
 
 def render_inspection(info: dict[str, Any], console: Console) -> None:
-    """An inspection (optimize.inspection.inspect_model): summary, inputs/outputs, ops and compute, checks."""
+    """An inspection (optimize.model.inspection.inspect_model): summary, inputs/outputs, ops and
+    compute, checks."""
     params = info["parameters"]
     summary = Table(title=escape(info["path"]), title_justify="left", show_header=False, box=None)
     summary.add_column(style="bold")

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from optimize.backend import Backend
-from optimize.env import physical_cores
-from optimize.runtime_model import RuntimeModel
+from optimize.model.runtime_model import RuntimeModel
 from optimize.runtimes.registry import backend_info
 from optimize.runtimes.spec import resolve
 from optimize.runtimes.worker import SubprocessBackend
+from optimize.system.env import physical_cores
 
 
 def backend_class(kind: str) -> type[Backend]:

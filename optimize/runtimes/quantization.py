@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from optimize.data import generate_feeds, read_npz, resolve_inputs
 from optimize.errors import InputError
-from optimize.inputs import generate_feeds, read_npz, resolve_inputs
 from optimize.stage import StageContext
 
 DEFAULT_CALIB_SAMPLES = 16

@@ -16,7 +16,7 @@ own `measure` inside the child through `call_in_child` (`optimize.bench.measure_
 and a comparison of two hosted backends times blocks of runs inside each child, one at a time
 (`optimize.bench.apart`): the backend never times itself.
 
-Starting the worker, carrying its errors and ending it are optimize.child's, as for every child
+Starting the worker, carrying its errors and ending it are optimize.system.child's, as for every child
 process of lto's; what is here is the request loop and the shared-memory tensor protocol. The
 per-call path sends and receives on the connection directly, with nothing in between.
 """
@@ -36,9 +36,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from optimize.backend import Backend, TensorSpec
-from optimize.child import ERROR, RESULT, Child, ErrorRecord, ParentLink, start_child
 from optimize.errors import LtoError
 from optimize.runtimes.spec import resolve
+from optimize.system.child import ERROR, RESULT, Child, ErrorRecord, ParentLink, start_child
 
 _START_TIMEOUT_S = 300.0  # loading a large library under load can take a while
 _CLOSE_WAIT_S = 10.0  # for the worker to close its backend and exit before it is ended
@@ -107,7 +107,7 @@ class _SharedFile:
 
 def _serve(link: ParentLink, backend_class: str, model_path: str, config: dict[str, Any]) -> None:
     """The child: open the backend (its class named "module:Class"), say what it is, then serve
-    run/measure requests. Each answer is a RESULT or an ERROR message (optimize.child's
+    run/measure requests. Each answer is a RESULT or an ERROR message (optimize.system.child's
     vocabulary), sent straight over the connection: this loop is the per-call path."""
     conn = link.connection
     backend = resolve(backend_class)(model_path, config)  # what it raises reaches the parent as itself
@@ -207,7 +207,7 @@ class SubprocessBackend(Backend):
         # A request was cut short (an interrupt while waiting for its answer): the worker is
         # still busy with it and will not read "close" soon, so close() ends it at once.
         self._abandoned = False
-        # A fresh interpreter (optimize.child), its output kept out of the parent's: TVM prints
+        # A fresh interpreter (optimize.system.child), its output kept out of the parent's: TVM prints
         # harmless "Scope Loaded" noise, and stderr is kept for the error when the worker dies.
         self._child: Child | None = start_child(
             _serve,

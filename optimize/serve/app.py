@@ -14,11 +14,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from optimize.backend import TensorSpec
-from optimize.env import environment
+from optimize.data import InputSpec, load_samples, resolve_inputs
 from optimize.errors import LtoError, UsageError, message_line
-from optimize.inputs import InputSpec, load_samples, resolve_inputs
+from optimize.model.runtime_model import RuntimeModel
 from optimize.report import new_report
-from optimize.runtime_model import RuntimeModel
 from optimize.serve import mlperf, polling
 from optimize.serve.batcher import Batcher, BatcherConfig
 from optimize.serve.config_search import search_config, write_serving
@@ -44,6 +43,7 @@ from optimize.serve.loading import (
 from optimize.serve.polling import PollingSelector
 from optimize.serve.protocol import V2_TO_NUMPY
 from optimize.serve.server import RunningServer, ServerConfig, serve_until_signal
+from optimize.system.env import environment
 from optimize.units import percentile_label
 
 # `lto load` exit codes: 0 the SLO verdict passed, 1 it did not, 2 bad usage, 3 no server.

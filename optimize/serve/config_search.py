@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from optimize.env import physical_cores
 from optimize.errors import LtoError, UsageError
 from optimize.files import write_json_atomic
 from optimize.serve.loadgen import HttpEndpoint, LoadResult, LoadSettings, MaxQpsSearch, find_max_qps
+from optimize.system.env import physical_cores
 
 SERVING_FILE = "serving.json"
 SCHEMA = 1

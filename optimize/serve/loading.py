@@ -9,13 +9,13 @@ import numpy as np
 
 from optimize.artifact import resolve_model
 from optimize.backend import Backend
-from optimize.env import check_thread_count, physical_cores
+from optimize.data import InputSpec, embedding_vocab_sizes, feeds_from_spec, resolve_inputs
 from optimize.errors import InputError, UsageError
-from optimize.inputs import InputSpec, embedding_vocab_sizes, feeds_from_spec, resolve_inputs
-from optimize.onnx_file import load_model
-from optimize.runtime_model import RuntimeModel
+from optimize.model.onnx_file import load_model
+from optimize.model.runtime_model import RuntimeModel
 from optimize.runtimes.backends import open_backend, shared_cores
 from optimize.runtimes.registry import backend_info, backend_infos
+from optimize.system.env import check_thread_count, physical_cores
 
 
 def platform_of(model: RuntimeModel) -> str:
@@ -117,7 +117,7 @@ def _onnx_source(served: RuntimeModel) -> Path | None:
 
 
 def input_limits(served: RuntimeModel) -> InputLimits:
-    """Vocabulary and token-type tables (as optimize.inputs finds them for generated inputs) and
+    """Vocabulary and token-type tables (as optimize.data finds them for generated inputs) and
     the position table: an embedding whose indices the graph computes (a Range or Slice over
     positions), named as exporters name it. Empty when the model has none or cannot be read."""
 

@@ -15,7 +15,7 @@ import pytest
 from optimize.backend import Backend
 from optimize.bench import BenchSettings, compare
 from optimize.bench.apart import compare_apart, process_cpu_s, wait_until_idle
-from optimize.inputs import resolve_inputs
+from optimize.data import resolve_inputs
 from optimize.runtimes.backends import open_backend, open_in_worker
 from tests.conftest import sample_path
 

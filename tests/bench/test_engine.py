@@ -9,8 +9,8 @@ import pytest
 
 from optimize.backend import Backend, TensorSpec
 from optimize.bench import BenchSettings, compare, measure, median_ci_rel_width
+from optimize.data import resolve_inputs
 from optimize.errors import InputError
-from optimize.inputs import resolve_inputs
 from optimize.runtimes.backends import open_backend
 from optimize.stats import BOOTSTRAP_MAX_SAMPLES, bootstrap_ci, bootstrap_ratio_ci, quantile_ci, summarize
 

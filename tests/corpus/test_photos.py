@@ -16,7 +16,7 @@ pytest.importorskip("openvino", reason="the candidates are OpenVINO's: pip insta
 from corpus import PyPIUnreachable, get
 from corpus.photos import PHOTO_FILES, photos
 from corpus.prepare import prepare
-from optimize.inputs import parse_shape_args
+from optimize.data import parse_shape_args
 from optimize.pipeline import OptimizeRequest, optimize
 from tests.pipeline.test_pipeline import FakeBench, write_recipe
 

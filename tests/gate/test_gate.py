@@ -585,7 +585,7 @@ def test_cli_missing_or_sampleless_reports(reports: dict[str, Path], tmp_path: P
 
 
 def test_baseline_dir_lifecycle(reports: dict[str, Path], tmp_path: Path) -> None:
-    from optimize.env import machine_fingerprint
+    from optimize.system.env import machine_fingerprint
 
     bdir = tmp_path / "baselines"
     stored = bdir / machine_fingerprint() / "mlp.json"

@@ -191,8 +191,8 @@ def test_calib_data_rows_off_axis_zero_are_restacked_for_the_quantize_stage(tmp_
 
 
 def test_every_data_file_is_read_by_one_reader_whose_errors_name_the_flag(tmp_path: Path) -> None:
+    from optimize.data import read_npz
     from optimize.errors import InputError
-    from optimize.inputs import read_npz
     from optimize.runtimes.quantization import load_calibration
 
     like = {"x": np.zeros((1, 4), np.float32)}

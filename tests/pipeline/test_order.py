@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from optimize.env import MACHINE_CLASSES, cpu_class, cpu_isa_flags
 from optimize.errors import UsageError
 from optimize.pipeline import order
 from optimize.pipeline.evaluate import BestSoFar
 from optimize.pipeline.request import DEFAULT_TIME_BUDGET_S, OptimizeRequest
 from optimize.recipes import StageSpec
 from optimize.stage import Candidate
+from optimize.system.env import MACHINE_CLASSES, cpu_class, cpu_isa_flags
 from optimize.units import limit_parser
 from tests.cli_helpers import run_cli
 from tests.conftest import make_matmul_model
@@ -181,7 +181,7 @@ def test_under_the_default_budget_a_stage_not_worth_its_time_is_not_run(
     # This machine has run fake-meh on this kind before (a stage never run here is always tried).
     history = tmp_path / "history.jsonl"
     monkeypatch.setenv("LTO_HISTORY", str(history))
-    from optimize.env import machine_fingerprint
+    from optimize.system.env import machine_fingerprint
 
     order.append_history(
         history, machine_fingerprint(), [order.StageRun("default", cpu, "fake-meh", 5.0, False, None)]

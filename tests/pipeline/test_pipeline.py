@@ -548,7 +548,7 @@ def make_calib(tmp_path: Path) -> Path:
 
 
 def test_external_data_goes_through_stages_into_the_artifact(tmp_path: Path) -> None:
-    from optimize.onnx_file import save_model
+    from optimize.model.onnx_file import save_model
 
     src = tmp_path / "ext"
     src.mkdir()
@@ -614,10 +614,10 @@ def test_a_programming_error_in_lto_is_raised_not_recorded_as_a_failed_stage(tmp
     """An AttributeError raised in lto's own code is a bug of lto's, not a limit of the model: the
     run stops with it (and a partial report). A TypeError raised outside lto (here: the test's own
     stage code, standing for a library a stage calls) stays a "failed" row."""
-    from optimize.evidence import numerics_of_precision
+    from optimize.accuracy.evidence import numerics_of_precision
 
     def buggy(candidate: Candidate, ctx: StageContext) -> list[Candidate]:
-        numerics_of_precision(None)  # type: ignore[arg-type]  # None.lower() inside optimize/evidence.py
+        numerics_of_precision(None)  # type: ignore[arg-type]  # None.lower() inside optimize/accuracy/evidence.py
         return []
 
     stages: dict[str, Stage] = {

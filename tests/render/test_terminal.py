@@ -38,7 +38,7 @@ def test_gate_table_shows_a_p_value_of_zero_as_tiny_not_as_one() -> None:
 
 def test_library_modules_do_not_import_rich() -> None:
     # Rendering for terminals lives in optimize.render.terminal; the library returns data.
-    modules = ["optimize.report", "optimize.gate", "optimize.inspection", "optimize.bench",
+    modules = ["optimize.report", "optimize.gate", "optimize.model.inspection", "optimize.bench",
                "optimize.bench.command", "optimize.serve.app", "optimize.serve.loadgen",
                "optimize.serve.server", "optimize.render.markdown"]  # fmt: skip
     code = (

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from optimize import gpu
 from optimize.errors import BackendUnavailable
+from optimize.system import gpu
 from tests.runtimes.tensorrt.helpers import NO_GPU, mlp_model
 
 

@@ -153,7 +153,7 @@ class LocalClient:
 def write_matmul_artifact(tmp_path: Path, batch: int = 1) -> Path:
     """An artifact of a 16 -> 4 MatMul model on ONNX Runtime with one thread, measured at `batch`."""
     from optimize.artifact import write_artifact
-    from optimize.inputs import resolve_inputs
+    from optimize.data import resolve_inputs
     from optimize.stage import Candidate
     from tests.conftest import make_matmul_model
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from optimize.env import machine_fingerprint
 from optimize.serve import config_search
 from optimize.serve.config_search import (
     SERVING_FILE,
@@ -21,6 +20,7 @@ from optimize.serve.config_search import (
     searched_defaults,
 )
 from optimize.serve.loadgen import LoadSettings, run_load
+from optimize.system.env import machine_fingerprint
 from tests.cli_helpers import run_cli
 from tests.serve.helpers import write_matmul_artifact
 

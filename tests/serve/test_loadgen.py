@@ -281,8 +281,8 @@ def test_lto_load_and_serve_refuse_bad_targets_with_one_line(tmp_path: Path) -> 
 
 
 def test_instances_split_the_cores_even_when_the_artifact_was_tuned_alone(tmp_path: Path) -> None:
-    from optimize.env import physical_cores
     from optimize.serve.loading import open_instances, resolve_served
+    from optimize.system.env import physical_cores
 
     cores = physical_cores()
     if cores < 2:

@@ -3,7 +3,7 @@
 onnxruntime-gpu fails open (docs/onnxruntime.md#gpu-providers): it lists CUDA and TensorRT
 providers on a machine with no GPU, and a session asked for CUDA quietly runs on the CPU when
 the provider cannot load. Here:
-  * the driver is asked first (optimize.gpu): no usable GPU -> BackendUnavailable with its reason
+  * the driver is asked first (optimize.system.gpu): no usable GPU -> BackendUnavailable with its reason
     (not `ort.get_ep_devices()`: whether it lists GPUs depends on the ORT build's device discovery);
   * the installed onnxruntime must offer the provider (the CPU wheel does not);
   * `session.disable_cpu_ep_fallback=1`, so a graph that would land on the CPU EP is an error;
@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from optimize import gpu
 from optimize.errors import BackendUnavailable, ModelError
 from optimize.files import cache_root
 from optimize.runtimes.onnxruntime.backend import DEFAULT_CONFIG as ORT_DEFAULTS
 from optimize.runtimes.onnxruntime.backend import OrtBackend
+from optimize.system import gpu
 
 _ORT_GPU_HINT = (
     "install onnxruntime-gpu in place of onnxruntime: "

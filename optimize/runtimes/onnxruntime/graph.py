@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optimize.onnx_file import file_has_external_data, read_model, save_model
+from optimize.model.onnx_file import file_has_external_data, read_model, save_model
 from optimize.runtimes.onnxruntime.backend import session_options
 
 if TYPE_CHECKING:

@@ -24,7 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from optimize.onnx_file import constant_values, file_has_external_data, op_counts, read_model, save_model
+from optimize.model.onnx_file import (
+    constant_values,
+    file_has_external_data,
+    op_counts,
+    read_model,
+    save_model,
+)
 from optimize.stage import Candidate, OnnxRuntimeStage, StageContext, StageSkipped
 
 if TYPE_CHECKING:

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from optimize.env import cpu_isa_flags, nchwc_block_width, nchwc_isa_requires, physical_cores
-from optimize.onnx_file import NCHWC_DOMAIN, op_counts, read_model
+from optimize.model.onnx_file import NCHWC_DOMAIN, op_counts, read_model
 from optimize.runtimes.onnxruntime.graph import ort_save_optimized
 from optimize.stage import Candidate, OnnxRuntimeStage, StageContext, StageSkipped
+from optimize.system.env import cpu_isa_flags, nchwc_block_width, nchwc_isa_requires, physical_cores
 
 _CONV_OPS = frozenset(
     {

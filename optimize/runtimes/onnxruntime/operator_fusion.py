@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from optimize.errors import UsageError
-from optimize.onnx_file import NCHWC_DOMAIN, infer_shapes, op_counts, opset_map, read_model, save_model
+from optimize.model.onnx_file import NCHWC_DOMAIN, infer_shapes, op_counts, opset_map, read_model, save_model
 from optimize.runtimes.onnxruntime.graph import ort_save_optimized
 from optimize.stage import Candidate, OnnxRuntimeStage, StageContext, StageSkipped
 

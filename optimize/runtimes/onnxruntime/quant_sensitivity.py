@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from optimize.onnx_file import read_model, save_model
+from optimize.model.onnx_file import read_model, save_model
 from optimize.runtimes.quantization import channel_error
 
 if TYPE_CHECKING:

@@ -37,9 +37,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from optimize.accuracy import AccuracyResult
-from optimize.env import cpu_isa_flags, has_vnni
 from optimize.errors import InputError, LtoError, message_line
-from optimize.onnx_file import (
+from optimize.model.onnx_file import (
     NCHWC_DOMAIN,
     QUANT_OPS,
     constants_to_initializers,
@@ -68,6 +67,7 @@ from optimize.runtimes.quantization import (
     generated_calibration,
 )
 from optimize.stage import Candidate, OnnxRuntimeStage, StageContext, StageSkipped
+from optimize.system.env import cpu_isa_flags, has_vnni
 
 if TYPE_CHECKING:
     import onnx

@@ -26,13 +26,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from optimize import env
 from optimize.backend import Backend, TensorSpec
-from optimize.env import BF16_FLAGS, check_thread_count, has_bf16_isa
+from optimize.data import model_input_specs
 from optimize.errors import BackendUnavailable, ModelError, UsageError, message_line
-from optimize.inputs import model_input_specs
-from optimize.interrupts import ensure_signal_stack
-from optimize.onnx_file import load_model
+from optimize.model.onnx_file import load_model
+from optimize.system import env
+from optimize.system.env import BF16_FLAGS, check_thread_count, has_bf16_isa
+from optimize.system.interrupts import ensure_signal_stack
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "PERFORMANCE_HINT": "LATENCY",
@@ -53,7 +53,7 @@ OUTPUT_NAMES_KEY = "lto_output_names"
 
 
 def has_bf16(flags: set[str] | None = None) -> bool:
-    """Whether this CPU runs bf16 natively (the ISA reader is optimize.env.cpu_isa_flags)."""
+    """Whether this CPU runs bf16 natively (the ISA reader is optimize.system.env.cpu_isa_flags)."""
 
     return has_bf16_isa(env.cpu_isa_flags() if flags is None else flags)
 

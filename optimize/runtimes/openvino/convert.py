@@ -25,7 +25,6 @@ from typing import Any, ClassVar
 
 import openvino as ov  # a missing package skips the stage with its name (runtimes.load_stage)
 
-from optimize.env import physical_cores
 from optimize.runtimes.openvino.ir import (
     candidate,
     gated,
@@ -37,6 +36,7 @@ from optimize.runtimes.openvino.ir import (
 )
 from optimize.runtimes.openvino.sensitivity import attention_matmuls
 from optimize.stage import Candidate, Stage, StageContext
+from optimize.system.env import physical_cores
 
 
 def thread_choices(options: dict[str, Any]) -> list[int]:

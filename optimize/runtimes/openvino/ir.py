@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from optimize.accuracy import AccuracyResult
-from optimize.env import VNNI_FLAGS, cpu_isa_flags, has_vnni
-from optimize.inputs import model_input_specs
+from optimize.data import model_input_specs
 from optimize.runtimes.openvino.backend import (
     BF16_FLAGS,
     DEFAULT_CONFIG,
@@ -30,6 +29,7 @@ from optimize.runtimes.openvino.backend import (
     onnx_output_names,
 )
 from optimize.stage import Candidate, StageContext
+from optimize.system.env import VNNI_FLAGS, cpu_isa_flags, has_vnni
 
 BACKEND = "openvino"
 IR_NAME = "model.xml"  # the artifact copies it as model.xml, its weights as model.bin beside it

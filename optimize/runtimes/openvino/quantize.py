@@ -40,7 +40,7 @@ import openvino as ov
 
 from optimize.accuracy import AccuracyResult
 from optimize.errors import InputError, LtoError, message_line
-from optimize.onnx_file import op_counts, read_model
+from optimize.model.onnx_file import op_counts, read_model
 from optimize.runtimes.openvino.convert import thread_choices
 from optimize.runtimes.openvino.ir import (
     candidate,

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from optimize.interrupts import ensure_signal_stack
 from optimize.runtimes.quantization import channel_error
+from optimize.system.interrupts import ensure_signal_stack
 
 # OpenVINO op types whose inputs NNCF quantizes (the ones an IgnoredScope entry helps).
 WEIGHTED_TYPES = frozenset(
@@ -86,7 +86,7 @@ def _probe(model: Any, keys: Sequence[str], samples: Sequence[Mapping[str, np.nd
     compiled = ov.Core().compile_model(
         model, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
     )
-    ensure_signal_stack()  # the CPU plugin swaps the thread's signal stack (optimize/interrupts.py)
+    ensure_signal_stack()  # the CPU plugin swaps the thread's signal stack (optimize/system/interrupts.py)
     request = compiled.create_infer_request()
     results = []
     for sample in samples:

@@ -24,11 +24,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from optimize import gpu
 from optimize.backend import Backend, TensorSpec
 from optimize.errors import BackendUnavailable, ModelError, UsageError
 from optimize.files import sha256_bytes
 from optimize.runtimes.tensorrt.engine import check_manifest, import_runtime, make_logger, manifest_path
+from optimize.system import gpu
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "cuda_graph": False,

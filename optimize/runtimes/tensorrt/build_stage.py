@@ -23,12 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from optimize import gpu
+from optimize.data import model_input_specs, parse_shape_ranges
 from optimize.errors import LtoError, UsageError
 from optimize.files import cache_root
-from optimize.gpu import GpuStatus
-from optimize.inputs import model_input_specs
-from optimize.onnx_file import op_counts, read_model, save_model
+from optimize.model.onnx_file import op_counts, read_model, save_model
 from optimize.runtimes.tensorrt.engine import (
     BuildSettings,
     EngineBuildError,
@@ -38,8 +36,9 @@ from optimize.runtimes.tensorrt.engine import (
     rtx_target,
     timing_cache_file,
 )
-from optimize.shapes import parse_shape_ranges
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
+from optimize.system import gpu
+from optimize.system.gpu import GpuStatus
 
 PRECISIONS = ("fp32", "fp16")
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})

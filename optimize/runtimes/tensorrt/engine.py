@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from optimize.data import ShapeRange
 from optimize.errors import BackendUnavailable, InputError, LtoError, UsageError
 from optimize.files import sha256_bytes, sha256_file, write_bytes_atomic, write_json_atomic, write_text_atomic
-from optimize.gpu import GpuDevice, GpuStatus
-from optimize.shapes import ShapeRange
+from optimize.system.gpu import GpuDevice, GpuStatus
 
 MANIFEST_FORMAT = "lto-tensorrt-engine"
 MANIFEST_VERSION = 1

@@ -16,8 +16,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from optimize.env import physical_cores
 from optimize.errors import BackendUnavailable, message_line
+from optimize.system.env import physical_cores
 
 INSTALL_HINT = "install the TVM extra: pip install 'lto-onnx[tvm]'"
 

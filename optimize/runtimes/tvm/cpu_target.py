@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from optimize.env import cpu_isa_flags, physical_cores
 from optimize.errors import UsageError, message_line
 from optimize.runtimes.tvm import import_tvm
+from optimize.system.env import cpu_isa_flags, physical_cores
 
 # LLVM target features -> the /proc/cpuinfo flag that says the CPU executes them. Only
 # instruction-set features are listed; LLVM's tuning features ("fast-15bytenop") are not ISA.

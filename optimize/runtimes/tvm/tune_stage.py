@@ -32,9 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from optimize.env import machine_fingerprint
 from optimize.errors import message_line
-from optimize.onnx_file import iter_nodes
+from optimize.model.onnx_file import iter_nodes
 from optimize.options import check_table
 from optimize.runtimes.tvm import (
     INSTALL_HINT,
@@ -58,6 +57,7 @@ from optimize.runtimes.tvm.sidecar import write_sidecar
 from optimize.runtimes.tvm.spec import TUNE_OPTIONS
 from optimize.runtimes.tvm.tuning import TuneProgress, TuneSettings, best_latencies_us, task_states, tune
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
+from optimize.system.env import machine_fingerprint
 
 if TYPE_CHECKING:
     from optimize.runtimes.tvm.cpu_target import TargetInfo

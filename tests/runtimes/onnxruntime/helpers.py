@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from optimize.accuracy import AccuracyResult
-from optimize.onnx_file import NCHWC_DOMAIN, op_counts, read_model, used_domains
+from optimize.model.onnx_file import NCHWC_DOMAIN, op_counts, read_model, used_domains
 from optimize.runtimes.onnxruntime.backend import OrtBackend
 from optimize.stage import Candidate, StageContext
 from tests.conftest import SAMPLES

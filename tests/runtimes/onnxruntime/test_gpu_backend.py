@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from optimize import gpu
 from optimize.errors import BackendUnavailable
+from optimize.system import gpu
 from tests.cli_helpers import ROOT
 from tests.runtimes.tensorrt.helpers import FAKE_GPU, SAMPLES, mlp_model, needs_gpu, reference
 

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from optimize.onnx_file import op_counts, read_model
+from optimize.model.onnx_file import op_counts, read_model
 from optimize.runtimes.onnxruntime.graph_fusion import GraphFusionStage, detect_transformer
 from optimize.stage import Candidate, StageContext, StageSkipped
 from tests.runtimes.onnxruntime.helpers import (

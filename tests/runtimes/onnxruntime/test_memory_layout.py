@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from optimize.env import cpu_isa_flags, nchwc_block_width, physical_cores
 from optimize.runtimes.onnxruntime.memory_layout import MemoryLayoutStage
 from optimize.stage import StageSkipped
+from optimize.system.env import cpu_isa_flags, nchwc_block_width, physical_cores
 from tests.runtimes.onnxruntime.helpers import MLP, RESNET, assert_close, nchwc_nodes, sample_context
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from optimize.onnx_file import op_counts, read_model
+from optimize.model.onnx_file import op_counts, read_model
 from optimize.runtimes.onnxruntime.operator_fusion import OperatorFusionStage
 from optimize.stage import Candidate
 from tests.runtimes.onnxruntime.helpers import (

@@ -12,9 +12,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from optimize.data import resolve_inputs
 from optimize.errors import InputError
-from optimize.inputs import resolve_inputs
-from optimize.onnx_file import op_counts, read_model
+from optimize.model.onnx_file import op_counts, read_model
 from optimize.runtimes.onnxruntime.operator_fusion import OperatorFusionStage
 from optimize.runtimes.onnxruntime.quant_search import output_head
 from optimize.runtimes.onnxruntime.quantize import QuantizeStage

@@ -10,8 +10,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from optimize.inputs import resolve_inputs
-from optimize.onnx_file import read_model
+from optimize.data import resolve_inputs
+from optimize.model.onnx_file import read_model
 from optimize.runtimes.onnxruntime.graph_fusion import GraphFusionStage
 from optimize.runtimes.onnxruntime.memory_layout import MemoryLayoutStage
 from optimize.runtimes.onnxruntime.operator_fusion import OperatorFusionStage

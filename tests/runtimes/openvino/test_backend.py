@@ -75,7 +75,7 @@ def test_f32_hint_really_runs_fp32(tmp_path: Path) -> None:
 
 
 def test_bf16_is_refused_on_a_cpu_without_bf16(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from optimize import env
+    from optimize.system import env
 
     monkeypatch.setattr(env, "cpu_isa_flags", lambda: {"avx2", "avx512f", "avx512_vnni"})
     path = make_precision_probe(tmp_path / "probe.onnx")

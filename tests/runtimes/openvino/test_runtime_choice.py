@@ -104,8 +104,8 @@ def test_openvino_artifact_round_trip(tmp_path: Path) -> None:
             ov_out = ov.run(x)["r3"]
             np.testing.assert_allclose(ov_out, ort.run(x)["r3"], rtol=1e-5, atol=1e-5)
     # Served as 2 instances, they split the cores and do not pin to the same ones.
-    from optimize.env import physical_cores
     from optimize.serve.loading import open_instances, resolve_served
+    from optimize.system.env import physical_cores
 
     served = resolve_served(None, out)
     backends = open_instances(served, 2) if physical_cores() >= 2 else []

@@ -2,7 +2,7 @@
 
 OpenVINO's CPU plugin swaps the thread's alternate signal stack and, when released out of order,
 puts back one that is unmapped; CPython's handlers run on that stack (SA_ONSTACK), so the next
-SIGINT crashed the process (optimize/interrupts.py). The suite run in one process died this way
+SIGINT crashed the process (optimize/system/interrupts.py). The suite run in one process died this way
 in tests/runtimes/test_worker.py after the OpenVINO tests.
 """
 
@@ -35,7 +35,7 @@ except KeyboardInterrupt:
 """
 
 LTO = """
-from optimize.interrupts import install_handlers
+from optimize.system.interrupts import install_handlers
 from optimize.runtimes.openvino.backend import OpenVinoBackend
 install_handlers()
 a = OpenVinoBackend(model); b = OpenVinoBackend(model)

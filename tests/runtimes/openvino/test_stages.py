@@ -51,7 +51,7 @@ def test_convert_without_bf16_option_or_cpu_proposes_f32_only(
     stage = load_stage("openvino-convert")
     cands = stage.run(Candidate("baseline", model), context(tmp_path, model, _x(), bf16=False))
     assert [c.precision for c in cands] == ["fp32"]
-    from optimize import env
+    from optimize.system import env
 
     monkeypatch.setattr(env, "cpu_isa_flags", lambda: {"avx2", "avx512f"})
     cands = stage.run(Candidate("baseline", model), context(tmp_path, model, _x()))

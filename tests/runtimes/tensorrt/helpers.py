@@ -16,10 +16,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from optimize import gpu
-from optimize.gpu import GpuDevice, GpuStatus
 from optimize.runtimes.tensorrt.engine import MANIFEST_FORMAT
 from optimize.stage import StageContext
+from optimize.system import gpu
+from optimize.system.gpu import GpuDevice, GpuStatus
 from tests.cli_helpers import ROOT
 from tests.factories import make_stage_context
 

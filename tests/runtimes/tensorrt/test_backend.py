@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from optimize import gpu
 from optimize.errors import BackendUnavailable, LtoError
+from optimize.system import gpu
 from tests.runtimes.tensorrt.helpers import (
     FAKE_GPU,
     HAS_TRT,

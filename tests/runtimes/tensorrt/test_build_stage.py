@@ -11,8 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from optimize.gpu import GpuDevice, GpuStatus
 from optimize.stage import Candidate
+from optimize.system.gpu import GpuDevice, GpuStatus
 from tests.runtimes.tensorrt.helpers import (
     FAKE_GPU,
     HAS_RTX,

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from optimize.data import parse_shape_ranges
 from optimize.errors import InputError
-from optimize.gpu import GpuDevice
 from optimize.runtimes.tensorrt.engine import check_manifest
-from optimize.shapes import parse_shape_ranges
+from optimize.system.gpu import GpuDevice
 from tests.runtimes.tensorrt.helpers import (
     FAKE_GPU,
     manifest,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from optimize.data.shapes import ShapeRange, parse_shape_range, parse_shape_ranges
 from optimize.errors import InputError
 from optimize.runtimes.tensorrt.engine import profile_for_inputs
-from optimize.shapes import ShapeRange, parse_shape_range, parse_shape_ranges
 from tests.runtimes.tensorrt.helpers import SAMPLES
 
 
@@ -38,8 +38,8 @@ def test_parse_range_errors_name_the_bad_part(arg: str, names: str) -> None:
 
 
 def test_opt_shapes_pin_the_benchmark_inputs() -> None:
-    from optimize.inputs import resolve_inputs
-    from optimize.shapes import opt_shapes
+    from optimize.data import resolve_inputs
+    from optimize.data.shapes import opt_shapes
 
     model = SAMPLES / "bert_tiny.onnx"
     if not model.is_file():

@@ -42,14 +42,14 @@ def test_artifact_files_and_refusal_on_a_cpu_without_the_isa(
 
 def test_library_for_a_bigger_cpu_is_refused_here(tmp_path: Path) -> None:
     pytest.importorskip("tvm")
-    import optimize.env
+    import optimize.system.env
     from optimize.runtimes.tvm.backend import TvmBackend
     from optimize.runtimes.tvm.cpu_target import resolve_cpu_target
     from optimize.runtimes.tvm.relax_build import build, count_scheduled, fuse, import_onnx
     from optimize.runtimes.tvm.sidecar import write_sidecar
 
     host = resolve_cpu_target()
-    if not host.triple.startswith("x86_64") or "avx512f" in optimize.env.cpu_isa_flags():
+    if not host.triple.startswith("x86_64") or "avx512f" in optimize.system.env.cpu_isa_flags():
         pytest.skip("needs an x86 CPU without AVX-512")
     info = resolve_cpu_target("x86-64-v4")  # AVX-512: an artifact built on a bigger machine
     imported = import_onnx(mlp_model(tmp_path / "m.onnx"), FEEDS)

@@ -1,4 +1,4 @@
-"""Which rows judge and which calibrate (optimize/rows.py): real rows first, never both."""
+"""Which rows judge and which calibrate (optimize/data/rows.py): real rows first, never both."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from optimize.accuracy import MIN_ROWS
+from optimize.data import batch_axes, model_input_specs, resolve_inputs
+from optimize.data.rows import RowPlan, plan_rows, read_real_rows, split_rows
 from optimize.errors import InputError
-from optimize.evidence import MIN_ROWS
-from optimize.inputs import batch_axes, model_input_specs, resolve_inputs
-from optimize.rows import RowPlan, plan_rows, read_real_rows, split_rows
 from optimize.units import index_ranges
 from tests.conftest import make_matmul_model
 

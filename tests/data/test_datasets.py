@@ -1,4 +1,4 @@
-"""`--data PATH`: images, text lines and wav files become model rows (optimize/datasets.py)."""
+"""`--data PATH`: images, text lines and wav files become model rows (optimize/data/datasets.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from optimize.datasets import parse_preprocess, read_data
+from optimize.data import RealRows, batch_axes, model_input_specs, resolve_inputs
+from optimize.data.datasets import parse_preprocess, read_data
 from optimize.errors import InputError, UsageError
-from optimize.inputs import batch_axes, model_input_specs, resolve_inputs
-from optimize.rows import RealRows
 from tests.cli_helpers import assert_clean_error, run_cli
 
 PIL = pytest.importorskip("PIL", reason="--data of images needs Pillow: pip install lto-onnx[data]")

@@ -13,17 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from optimize.accuracy import (
-    MetricError,
-    accuracy_json,
-    check,
-    choose_metrics,
-    compare_outputs,
-    load_user_metric,
-    output_figures,
-)
-from optimize.errors import UsageError
-from optimize.task_metrics import (
+from optimize.accuracy import MetricError, Thresholds, accuracy_json, check, load_user_metric
+from optimize.accuracy.compare import choose_metrics, compare_outputs, output_figures
+from optimize.accuracy.task_metrics import (
     MetricChoice,
     box_iou,
     choose_metric,
@@ -32,7 +24,7 @@ from optimize.task_metrics import (
     greedy_decode,
     match_detections,
 )
-from optimize.thresholds import Thresholds
+from optimize.errors import UsageError
 
 # --- a detector head that concatenates boxes and scores ------------------------------------------
 
@@ -496,7 +488,8 @@ def test_a_map_candidate_whose_worst_row_clears_the_threshold_by_luck_fails() ->
     """An int8 text detector: worst judged IoU 0.951, mean 0.960 over 16 maps, then 0.949 on fresh
     pages. Its IoUs project a few percent of unseen maps under 0.95: refused. A candidate whose IoUs
     sit well above the threshold passes."""
-    from optimize.accuracy import MASK_UNSEEN_SHARE, check, choose_metrics, unseen_share_below
+    from optimize.accuracy import check
+    from optimize.accuracy.compare import MASK_UNSEEN_SHARE, choose_metrics, unseen_share_below
 
     rng = np.random.default_rng(3)
     maps = [{"map": _text_map(rng, regions=True)} for _ in range(16)]
@@ -559,7 +552,7 @@ def test_fp32_tolerance_holds_each_slice_to_its_own_scale() -> None:
 def test_a_detectors_class_score_head_is_not_called_an_embedding() -> None:
     """PicoDet's score heads [1, N, 10] (sigmoid scores, no boxes, named transpose_*.tmp_0) were
     judged as "embeddings"."""
-    from optimize.task_metrics import choose_metric
+    from optimize.accuracy.task_metrics import choose_metric
 
     rng = np.random.default_rng(0)
     scores = [rng.uniform(0, 1, (1, 3000, 10)).astype(np.float32) for _ in range(2)]
@@ -606,7 +599,7 @@ def test_a_real_token_that_changed_still_fails_beside_padding() -> None:
 
 
 def test_only_a_two_axis_zero_one_mask_is_taken_for_padding() -> None:
-    from optimize.accuracy import padding_masks
+    from optimize.accuracy.compare import padding_masks
 
     ones_and_zeros = np.array([[1, 1, 0]], np.int64)
     assert padding_masks([{"attention_mask": ones_and_zeros}])[0].tolist() == [[True, True, False]]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from optimize.errors import UsageError
-from optimize.gpu import gpu_status
+from optimize.system.gpu import gpu_status
 
 # ISA flags that decide which kernels a runtime picks (and which compiled code can run).
 ISA_FLAGS_OF_INTEREST = (

@@ -1,4 +1,4 @@
-"""`lto inspect` and optimize.inspection: histogram, parameters, MACs/FLOPs, JSON, external data."""
+"""`lto inspect` and optimize.model.inspection: histogram, parameters, MACs/FLOPs, JSON, external data."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from optimize.errors import InputError
-from optimize.inspection import inspect_model
+from optimize.model.inspection import inspect_model
 from tests.cli_helpers import assert_clean_error, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_models"
 MLP = SAMPLES / "mlp_small.onnx"
 BERT = SAMPLES / "bert_tiny.onnx"

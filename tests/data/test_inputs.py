@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from optimize.data import InputSpec, feeds_from_spec, generate_feeds, parse_shape_args, resolve_inputs
 from optimize.errors import InputError, UsageError
-from optimize.inputs import InputSpec, feeds_from_spec, generate_feeds, parse_shape_args, resolve_inputs
 from tests.conftest import sample_path
 
 
@@ -119,7 +119,7 @@ def test_input_data_rebatched_from_batch_one(tiny_model: Path, tmp_path: Path) -
 
 
 def test_shape_ranges_pin_the_benchmark_at_opt() -> None:
-    from optimize.inputs import split_shape_args
+    from optimize.data import split_shape_args
 
     pins, ranges = split_shape_args(["input_ids=1x16:4x128:8x256", "pixel=1x3x8x8"])
     assert pins == {"input_ids": (4, 128), "pixel": (1, 3, 8, 8)}
@@ -211,7 +211,7 @@ def test_scalar_input_stays_scalar_generated_or_from_a_file(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("named", [True, False])
 def test_batch_axis_is_found_from_the_model(tmp_path: Path, named: bool) -> None:
-    from optimize.inputs import batch_axes, model_input_specs
+    from optimize.data import batch_axes, model_input_specs
 
     model = make_state_model(tmp_path / "vad.onnx", named=named)
     assert batch_axes(model_input_specs(model)) == {"x": 0, "sr": None, "state": 1}
@@ -228,7 +228,7 @@ def test_batch_axis_is_found_from_the_model(tmp_path: Path, named: bool) -> None
 
 def test_output_batch_axes_follow_names_or_sizes(tmp_path: Path) -> None:
     from optimize.backend import TensorSpec
-    from optimize.inputs import model_input_specs, output_batch_axes
+    from optimize.data import model_input_specs, output_batch_axes
 
     inputs = model_input_specs(make_state_model(tmp_path / "vad.onnx"))
     outputs = [TensorSpec("y", "float32", (2, "batch", 4)), TensorSpec("p", "float32", (None, None, 10)),
@@ -258,7 +258,7 @@ def test_text_shorter_than_the_pinned_shape_is_padded_with_a_warning(tmp_path: P
 
 
 def test_sample_files_rows_stacked_labels_and_errors(tmp_path: Path) -> None:
-    from optimize.inputs import load_samples, model_input_specs
+    from optimize.data import load_samples, model_input_specs
 
     model = make_state_model(tmp_path / "vad.onnx")
     specs = model_input_specs(model)
@@ -303,7 +303,7 @@ def test_sample_files_rows_stacked_labels_and_errors(tmp_path: Path) -> None:
 def test_accuracy_samples_never_use_the_calibration_seeds(tiny_model: Path, tmp_path: Path) -> None:
     """The quantize stage calibrates on generated inputs seeded 1000 + i; the accuracy samples have a
     seed stream of their own, whatever --seed is."""
-    from optimize.inputs import generated_samples
+    from optimize.data import generated_samples
     from optimize.runtimes.quantization import generated_calibration
     from tests.factories import make_stage_context
 

@@ -1,16 +1,23 @@
-"""Whether rows can tell a right candidate from a wrong one (optimize/evidence.py), and what the judge
-does with a reduced or quantized candidate they cannot verify (pipeline/judge.weigh_evidence)."""
+"""Whether rows can tell a right candidate from a wrong one (optimize/accuracy/evidence.py), and
+what the judge does with a reduced or quantized candidate they cannot verify
+(pipeline/judge.weigh_evidence)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from optimize.accuracy import AccuracyResult, check
-from optimize.evidence import MIN_ROWS, Evidence, OutputTest, assess, is_lossy, numerics, output_evidence
+from optimize.accuracy import AccuracyResult, MetricChoice, Thresholds, check
+from optimize.accuracy.evidence import (
+    MIN_ROWS,
+    Evidence,
+    OutputTest,
+    assess,
+    is_lossy,
+    numerics,
+    output_evidence,
+)
 from optimize.pipeline import judge
-from optimize.task_metrics import MetricChoice
-from optimize.thresholds import Thresholds
 
 CLASSIFIER = MetricChoice("classifier", "test")
 DETECTION = MetricChoice("detection", "test", fields_last=True, objectness=True)
@@ -185,7 +192,7 @@ def test_a_lossy_candidate_on_rows_that_can_tell_is_judged_as_usual() -> None:
 
 
 def test_a_map_without_regions_on_most_rows_names_them_and_says_what_would_tell() -> None:
-    from optimize.task_metrics import MetricChoice as Choice
+    from optimize.accuracy import MetricChoice as Choice
 
     rng = np.random.default_rng(3)
     mask = Choice("mask", "test")

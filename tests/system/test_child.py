@@ -1,4 +1,5 @@
-"""Child processes (optimize/child.py): errors cross as lto's own classes, deaths are told, groups end whole.
+"""Child processes (optimize/system/child.py): errors cross as lto's own classes, deaths are told,
+groups end whole.
 
 What the children run is in tests/child_targets.py (light imports: each child starts in ~0.1 s).
 """
@@ -16,8 +17,8 @@ import psutil
 import pytest
 
 from optimize import errors
-from optimize.child import ChildFailed, ErrorRecord, start_child
 from optimize.errors import InputError, LtoError
+from optimize.system.child import ChildFailed, ErrorRecord, start_child
 from tests import child_targets as targets
 
 LTO_ERRORS = ("LtoError", "UsageError", "InputError", "ModelError", "BackendUnavailable")

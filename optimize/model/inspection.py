@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optimize.errors import InputError
-from optimize.onnx_file import (
+from optimize.model.onnx_file import (
     check_model,
     external_data_files,
     load_model,
@@ -80,7 +80,7 @@ MATMUL_LIKE = ("MatMul", "Gemm", "Conv", "ConvTranspose", "FusedMatMul", "FusedG
 CONVENTION = (
     "MACs exact for MatMul/Gemm/Conv/ConvTranspose (FLOPs = 2 x MACs + bias); "
     "elementwise 1 FLOP per element; Softmax 5, LayerNorm 8, BatchNorm 2 per element; "
-    "data movement 0 (see optimize/inspection.py)"
+    "data movement 0 (see optimize/model/inspection.py)"
 )
 
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from optimize.errors import InputError
+from optimize.errors import InputError, UsageError
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,42 @@ def opt_shapes(ranges: Mapping[str, ShapeRange]) -> dict[str, tuple[int, ...]]:
     """The shapes to benchmark for range --shape values: each range's `opt` (what the engine is tuned for).
 
     Lets `lto optimize --shape input_ids=1x128:8x128:32x128` pin its benchmark inputs with
-    `optimize.inputs.resolve_inputs(model, opt_shapes(ranges))` and hand the ranges to the stage.
+    `optimize.data.resolve.resolve_inputs(model, opt_shapes(ranges))` and hand the ranges to the stage.
     """
     return {name: rng.opt for name, rng in ranges.items()}
 
 
 __all__ = ["ShapeRange", "opt_shapes", "parse_shape_range", "parse_shape_ranges"]
+
+
+def parse_shape_args(args: list[str] | None) -> dict[str, tuple[int, ...]]:
+    """Parse repeated `--shape NAME=1x128` pins (NAME: an input name or a named dynamic dim), each
+    read by the one --shape parser (parse_shape_range, above); a MIN:OPT:MAX range is
+    split off before (split_shape_args)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for arg in args or []:
+        if ":" in arg:
+            raise UsageError(
+                f"bad --shape {arg!r}", "write NAME=DIMS with dims joined by 'x', e.g. input_ids=1x128"
+            )
+        name, pinned = parse_shape_range(arg)
+        if name in shapes:
+            raise UsageError(f"--shape given twice for {name!r}")
+        shapes[name] = pinned.opt
+    return shapes
+
+
+def split_shape_args(args: list[str] | None) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+    """Separate `--shape NAME=MIN:OPT:MAX` ranges (TensorRT optimization profiles) from plain pins.
+
+    Returns the pins to benchmark at (a range contributes its OPT shape) and the range strings,
+    which go to the stages that build for a range of shapes.
+    """
+    ranges = [arg for arg in args or [] if ":" in arg]
+    pins = parse_shape_args([arg for arg in args or [] if ":" not in arg])
+    if ranges:
+        for name, opt in opt_shapes(parse_shape_ranges(ranges)).items():
+            if name in pins:
+                raise UsageError(f"--shape given twice for {name!r}")
+            pins[name] = opt
+    return pins, ranges

@@ -297,7 +297,7 @@ def start_child(
     # On sys.path, not PYTHONPATH: the processes the child starts inherit its environment.
     code = (
         f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); "
-        f"from optimize.child import _child_main; _child_main({fd})"
+        f"from optimize.system.child import _child_main; _child_main({fd})"
     )
     try:
         process = subprocess.Popen(

@@ -8,7 +8,7 @@ near-uniform logits, a detector fed noise detects nothing (docs/accuracy-evidenc
   other half judge (when no stage calibrates, all of them judge);
 - `--input-data` alone judges on its own rows;
 - generated inputs judge only when the user gave no rows at all, and then no reduced or
-  quantized candidate can ship (optimize/evidence.py).
+  quantized candidate can ship (optimize/accuracy/evidence.py).
 
 Every row that judges is checked not to be a calibration row too. Too few rows to judge is a
 one-line error that says how many are needed. The plan says, for the log and the report, which
@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from optimize.accuracy import MIN_ROWS
 from optimize.backend import TensorSpec
+from optimize.data.npz import load_samples, row_keys
 from optimize.errors import InputError
-from optimize.evidence import MIN_ROWS
-from optimize.inputs import load_samples, row_keys
 from optimize.units import index_ranges
 
 Sample = dict[str, np.ndarray]
@@ -36,7 +36,7 @@ MIN_CALIBRATION_ROWS = 8  # fewer, and int8 ranges come from a handful of inputs
 
 @dataclass
 class RealRows:
-    """Rows the user gave, already read: from an .npz flag or `--data` (optimize/datasets.py)."""
+    """Rows the user gave, already read: from an .npz flag or `--data` (optimize/data/datasets.py)."""
 
     flag: str  # "--calib-data", "--data"
     path: Path

@@ -1,52 +1,17 @@
-"""Does a candidate still give the baseline's answers? Per-output figures, task metrics, the verdict.
-
-Every candidate runs on the same accuracy samples as the baseline: the user's real rows
-(--eval-data; else the part of --calib-data or --data held out from calibration; else --input-data),
-generated inputs only when the user gave none (optimize/rows.py); never a row that also
-calibrated. Whether those rows can tell at all is optimize/evidence.py's question.
-For each output the worst case over all samples is reported and judged:
-
-- whole output: cosine of the flattened arrays, max_abs, and max_rel (max_abs over the largest
-  |reference| value of that output: an error relative to its scale);
-- per slice: along every short axis (length 2..256, not the batch axis: channels, classes, box
-  fields) each slice's cosine and relative error; the worst slice counts (not for a CTC head,
-  whose steps are one sequence, judged by its decodes). A head that concatenates
-  box coordinates (hundreds of pixels) with class scores (0..1) in one tensor has a whole-tensor
-  cosine near 1 however wrong the scores are: their slice is what shows it. A slice with fewer
-  than 64 elements per sample is judged over all samples pooled (a cosine of 2 numbers means
-  nothing); a slice whose largest |reference| is below 1e-4 of the output's is skipped (its
-  error counts in the whole output's figures);
-- a task metric chosen from the output's shape and values (optimize.task_metrics, overridable
-  per output): classifier top-1 (and top-5) agreement, embedding vector cosine, CTC greedy-decode
-  equality, detection candidate-set agreement; the report says which one and why;
-- integer and boolean outputs (token ids, masks, argmax indices) must match exactly;
-- optionally the user's own metric (`--metric FILE.py:FUNCTION`, see `load_user_metric`).
-
-Positions a transformer's attention mask marks as padding are not judged: where an input is a
-0/1 mask of [batch, sequence] and an output starts with the same [batch, sequence], the output's
-padded positions are outside the model's contract (every user pools or decodes the real tokens
-only), and a candidate's values there are taken as the reference's (`padding_masks`).
-
-Embeddings and outputs without a task metric need cosine >= min_cosine; outputs a task metric
-judges need the task metric's threshold and cosine >= min_task_cosine (a floor that catches a
-wrecked part while near-ties and int8 noise in logits do not fail a classifier that still agrees).
-"""
+"""Per-output figures of a candidate against the reference: whole output, worst slice, task metric,
+padded positions left out."""
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
-from optimize.errors import UsageError, first_line
-from optimize.task_metrics import (
+from optimize.accuracy.result import Outputs
+from optimize.accuracy.task_metrics import (
     MetricChoice,
     batch_first,
     check_metric_shape,
@@ -60,57 +25,29 @@ from optimize.task_metrics import (
     override_choice,
     vector_cosines,
 )
-from optimize.thresholds import Thresholds
-
-Outputs = Mapping[str, np.ndarray]
+from optimize.accuracy.thresholds import Thresholds
+from optimize.errors import UsageError
 
 SLICE_MAX_LEN = 256  # axes up to this long are sliced (channels, classes, fields), longer ones not
+
+
 # A sample whose largest |reference| is below this share of the output's over all judging rows
 # carries no signal there: its cosine is the angle between two noise floors (a text map with no
 # text: cosine 0.966 for an fp32 error of 2e-5). It is judged by its error against the output's
-# range instead, which must stay under QUIET_MAX_REL.
+# range instead, which must stay under verdict.QUIET_MAX_REL.
 NO_SIGNAL_SHARE = 0.01
-QUIET_MAX_REL = 0.1
+
+
 # An fp32 candidate (exact or reassociated) whose error is within this share of the range of the
 # output, and of each live slice of it, over the judging rows is the same computation done in
 # another order: never inaccurate, whatever a metric on near-zero values says.
 FP32_TOLERANCE = 1e-4
+
+
 SLICE_MIN_ELEMENTS = 64  # fewer elements per sample in a slice: its cosine is pooled over samples
+
+
 NEGLIGIBLE_SLICE = 1e-4  # a slice whose max |reference| is below this share of the output's is skipped
-FEW_SAMPLES = 16  # below this many samples the report says the figures are weak
-
-
-@dataclass
-class AccuracyResult:
-    ok: bool
-    reason: str  # empty when ok
-    # name -> figures: cosine, max_abs, max_rel (numbers, worst sample), "slice" (the worst slice),
-    # "metric"/"metric_why"/"metric_source" and the task metric's own figures.
-    per_output: dict[str, dict[str, Any]]
-    user_metric: dict[str, Any] | None = None  # {"name", "score", "ok"} of --metric
-    samples: int = 0
-    # Why these rows cannot verify the candidate (pipeline/judge.weigh_evidence): a reduced or
-    # quantized candidate judged on rows whose metrics cannot tell. It may be measured, never shipped.
-    unverified: str = ""
-
-    def attempt_summary(self) -> dict[str, Any]:
-        """The short record a searching stage keeps of one gate check: ok, worst cosine, reason."""
-        worst = min((m.get("cosine", 1.0) for m in self.per_output.values()), default=None)
-        summary: dict[str, Any] = {"accuracy_ok": self.ok}
-        if worst is not None:
-            summary["worst_cosine"] = round(float(worst), 6)
-        if self.reason:
-            summary["reason"] = self.reason
-        if self.unverified:
-            summary["unverified"] = self.unverified
-        return summary
-
-
-class MetricError(UsageError):
-    """The user's --metric file failed (import, signature, a raise, a bad return): a usage error."""
-
-
-# --- padded positions ---------------------------------------------------------------------------
 
 
 def padding_masks(inputs: Sequence[Outputs] | None) -> list[np.ndarray | None]:
@@ -145,10 +82,7 @@ def _unpadded(ref: np.ndarray, got: np.ndarray, real: np.ndarray | None) -> tupl
     return out, int((~real).sum())
 
 
-# --- figures of one output ----------------------------------------------------------------------
-
-
-def _as_samples(value: Outputs | Sequence[Outputs]) -> list[Outputs]:
+def as_samples(value: Outputs | Sequence[Outputs]) -> list[Outputs]:
     if isinstance(value, Mapping):
         return [value]
     return list(value)
@@ -159,6 +93,8 @@ def _as_samples(value: Outputs | Sequence[Outputs]) -> list[Outputs]:
 # judged map clearing the threshold is luck. An OpenVINO int8 text detector judged at worst 0.951
 # (mean 0.960) over 16 maps fell to 0.949 on 32 fresh pages (2026-12-06): projected, 5.1%.
 MASK_UNSEEN_SHARE = 0.005
+
+
 _MIN_MAPS_TO_PROJECT = 8  # fewer, and the spread of the IoUs says little
 
 
@@ -441,7 +377,7 @@ def choose_metrics(
     """The task metric of every output, from the reference samples; `overrides` (output name ->
     metric) win. An override naming no output, or a metric the output's rank cannot carry, is a
     usage error."""
-    refs = _as_samples(reference)
+    refs = as_samples(reference)
     if not refs:
         return {}
     overrides = dict(overrides or {})
@@ -479,7 +415,7 @@ def compare_outputs(
     """Worst-case figures per output over all samples, and the structural problems found.
     `padding`: per sample, the token positions of an attention mask (`padding_masks`); the
     others are not judged."""
-    refs, gots = _as_samples(reference), _as_samples(outputs)
+    refs, gots = as_samples(reference), as_samples(outputs)
     padding = list(padding or [])
     if len(refs) != len(gots):
         return {}, [f"{len(gots)} output samples for {len(refs)} reference samples"]
@@ -569,328 +505,3 @@ def compare_outputs(
                 worst.update(_task_figures(choice, refs_n, gots_n, thresholds))
         per_output[name] = worst
     return per_output, sorted(set(problems))
-
-
-# --- the verdict --------------------------------------------------------------------------------
-
-
-def _slice_text(sl: Mapping[str, Any]) -> str:
-    where = "over all samples" if sl.get("pooled") else f"sample {sl.get('sample')}"
-    return f"slice {sl['index']} of axis {sl['axis']} (length {sl['length']}, {where})"
-
-
-def _task_reason(fig: Mapping[str, Any], th: Thresholds) -> str:
-    """The task metric's failure in words ("" when it passes or did not run)."""
-    metric = fig.get("metric")
-    if (
-        metric == "classifier"
-        and th.min_top1 is not None
-        and fig.get("top1_agreement_tolerant", 1.0) < th.min_top1
-    ):
-        what = "top-1 agreement" if th.top1_tolerance == 0 else "top-1 agreement outside near-ties"
-        return f"{what} {fig['top1_agreement_tolerant']:.3f} < {th.min_top1}"
-    if metric == "embedding" and fig.get("embedding_cosine", 1.0) < th.min_cosine:
-        at = fig.get("embedding_worst", {})
-        return (
-            f"embedding cosine {fig['embedding_cosine']:.6f} < {th.min_cosine} "
-            f"(sample {at.get('sample')}, vector {at.get('vector')})"
-        )
-    if metric == "ctc" and th.min_ctc is not None and fig.get("decode_agreement", 1.0) < th.min_ctc:
-        return (
-            f"greedy CTC decode equal on {fig['decode_agreement']:.3f} of {fig['sequences']} "
-            f"sequences < {th.min_ctc}"
-        )
-    if metric == "mask" and th.min_mask_iou is not None and fig.get("mask_iou", 1.0) < th.min_mask_iou:
-        return (
-            f"mask IoU {fig['mask_iou']:.3f} < {th.min_mask_iou} (regions above {fig.get('mask_iou_at')}, "
-            f"worst of {fig.get('mask_maps', '?')} maps)"
-        )
-    if metric == "mask" and fig.get("mask_unseen_below", 0.0) > MASK_UNSEEN_SHARE:
-        return (
-            f"mask IoU at worst {fig['mask_iou']:.3f}, mean {fig['mask_iou_mean']:.3f}: about "
-            f"{fig['mask_unseen_below']:.1%} of maps like these would fall under {th.min_mask_iou} "
-            f"(at most {MASK_UNSEEN_SHARE:.1%})"
-        )
-    if (
-        metric == "detection"
-        and th.min_detection is not None
-        and fig.get("detection_agreement", 1.0) < th.min_detection
-    ):
-        d = fig.get("detections", {})
-        return (
-            f"detection agreement {fig['detection_agreement']:.3f} < {th.min_detection} "
-            f"({d.get('matched', 0)} of {d.get('reference', 0)} reference detections matched, "
-            f"{d.get('missing', 0)} missing, {d.get('extra', 0)} extra)"
-        )
-    return ""
-
-
-def output_reasons(name: str, fig: Mapping[str, Any], th: Thresholds) -> list[str]:
-    """Every threshold one output violates, in words ([] when it passes)."""
-    if fig.get("nonfinite"):
-        return ["has NaN/inf values the reference does not have"]
-    if fig.get("mismatched", 0) > 0:
-        return [f"differs in {int(fig['mismatched'])} integer elements"]
-    if fig.get("metric") == "exact":
-        return []
-    reasons = [r for r in [_task_reason(fig, th)] if r]
-    min_cos = th.min_cosine if fig.get("metric", "none") in ("embedding", "none") else th.min_task_cosine
-    quiet = fig.get("quiet_rel")
-    if min_cos > 0 and quiet is not None and quiet > QUIET_MAX_REL:
-        # where the cosine is not judged, its stand-in (off with the cosine)
-        reasons.append(
-            f"error {quiet:.3g} of the output's range on the {len(fig.get('no_signal_samples', []))} "
-            f"sample(s) where it carries no signal > {QUIET_MAX_REL}"
-        )
-    if fig["cosine"] < min_cos:
-        reasons.append(f"cosine {fig['cosine']:.6f} < {min_cos} (sample {fig.get('worst_sample', 0)})")
-    sl = fig.get("slice")
-    if sl is not None and sl["value"] < min_cos:
-        reasons.append(
-            f"{_slice_text(sl)}: cosine {sl['value']:.6f} < {min_cos}, "
-            f"while the whole output's is {fig['cosine']:.6f}"
-        )
-    if th.max_abs is not None and fig["max_abs"] > th.max_abs:
-        reasons.append(f"max abs error {fig['max_abs']:.3g} > {th.max_abs}")
-    if th.max_rel is not None:
-        rel = fig.get("slice_rel")
-        if fig["max_rel"] > th.max_rel:
-            reasons.append(f"max rel error {fig['max_rel']:.3g} > {th.max_rel}")
-        elif rel is not None and rel["value"] > th.max_rel:
-            reasons.append(f"{_slice_text(rel)}: max rel error {rel['value']:.3g} > {th.max_rel}")
-    return reasons
-
-
-def check(
-    reference: Outputs | Sequence[Outputs],
-    outputs: Outputs | Sequence[Outputs],
-    thresholds: Thresholds,
-    *,
-    choices: Mapping[str, MetricChoice] | None = None,
-    user_metric: UserMetric | None = None,
-    inputs: Sequence[Outputs] | None = None,
-    labels: Mapping[str, np.ndarray] | None = None,
-    fp32: bool = False,
-) -> AccuracyResult:
-    """Compare candidate outputs with the reference; not ok names the first failing output with
-    every threshold it violates. `choices` are the outputs' task metrics (chosen here from the
-    reference when not given, with thresholds.task_metrics as overrides). `fp32`: the candidate
-    computes in fp32 (exact or reassociated); an output within FP32_TOLERANCE of its range then
-    passes whatever its metrics say."""
-    refs = _as_samples(reference)
-    if choices is None:
-        choices = choose_metrics(refs, thresholds.task_metrics)
-    per_output, problems = compare_outputs(
-        refs, outputs, thresholds=thresholds, choices=choices, padding=padding_masks(inputs)
-    )
-    if problems:
-        return AccuracyResult(ok=False, reason=problems[0], per_output=per_output, samples=len(refs))
-    failures: list[str] = []
-    for name, fig in per_output.items():
-        reasons = output_reasons(name, fig, thresholds)
-        if reasons and fp32 and _float_equal(fig):
-            fig["passed_by"] = f"fp32 error within {FP32_TOLERANCE:g} of the output's range"
-            reasons = []
-        if reasons:
-            fig["ok"] = False
-            failures.append(f"output {name!r}: " + "; ".join(reasons))
-        else:
-            fig["ok"] = True
-    verdict: dict[str, Any] | None = None
-    if user_metric is not None:
-        score, passed = user_metric(refs, _as_samples(outputs), list(inputs or []), labels)
-        verdict = {"name": user_metric.spec, "score": score, "ok": passed}
-        if not passed:
-            failures.append(f"--metric {user_metric.spec}: score {score:.6g} fails")
-    reason = failures[0] if failures else ""
-    if len(failures) > 1:
-        reason += f" (and {len(failures) - 1} more)"
-    return AccuracyResult(not failures, reason, per_output, user_metric=verdict, samples=len(refs))
-
-
-def _float_equal(fig: Mapping[str, Any]) -> bool:
-    """An output's figures say the same numbers up to float reassociation."""
-    if fig.get("nonfinite") or fig.get("mismatched", 0) > 0:
-        return False
-    return bool(fig.get("fp32_tolerance"))
-
-
-# --- the user's metric --------------------------------------------------------------------------
-
-USER_METRIC_SIGNATURE = (
-    "def metric(reference: list[dict[str, np.ndarray]], candidate: list[dict[str, np.ndarray]], "
-    "inputs: list[dict[str, np.ndarray]], labels: dict[str, np.ndarray] | None) -> tuple[float, bool]"
-)
-
-
-@dataclass
-class UserMetric:
-    """`--metric FILE.py:FUNCTION`, loaded. Called with the reference outputs, the candidate's,
-    the inputs (one dict per sample each, read-only arrays) and the labels of --eval-data (its
-    arrays that are not model inputs; None without). Returns (score, passed)."""
-
-    spec: str
-    path: Path
-    function: str
-    fn: Callable[..., Any]
-
-    def __call__(
-        self,
-        reference: Sequence[Outputs],
-        candidate: Sequence[Outputs],
-        inputs: Sequence[Outputs],
-        labels: Mapping[str, np.ndarray] | None,
-    ) -> tuple[float, bool]:
-        args = [_read_only(reference), _read_only(candidate), _read_only(inputs)]
-        lab = {k: _frozen(v) for k, v in labels.items()} if labels is not None else None
-        try:
-            value = self.fn(*args, lab)
-        except Exception as exc:
-            raise MetricError(
-                f"--metric {self.spec} raised {first_line(exc)}", f"it is called as {USER_METRIC_SIGNATURE}"
-            ) from exc
-        ok = isinstance(value, (tuple, list)) and len(value) == 2
-        if ok:
-            score, passed = value
-            ok = isinstance(passed, (bool, np.bool_)) and isinstance(score, (int, float, np.number))
-            ok = ok and not isinstance(score, (bool, np.bool_)) and math.isfinite(float(score))
-        if not ok:
-            raise MetricError(
-                f"--metric {self.spec} returned {_short_repr(value)}",
-                "return (score: float, passed: bool), e.g. return 0.97, True",
-            )
-        return float(score), bool(passed)
-
-
-def _frozen(array: Any) -> Any:
-    if isinstance(array, np.ndarray):
-        view = array.view()
-        view.flags.writeable = False  # the reference is reused for every candidate
-        return view
-    return array
-
-
-def _read_only(samples: Sequence[Outputs]) -> list[dict[str, Any]]:
-    return [{k: _frozen(v) for k, v in sample.items()} for sample in samples]
-
-
-def _short_repr(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def load_user_metric(spec: str) -> UserMetric:
-    """Load `FILE.py:FUNCTION`; any problem with the file is a one-line usage error naming it."""
-    file, sep, function = spec.rpartition(":")
-    if not sep or not file or not function.isidentifier():
-        raise UsageError(f"bad --metric {spec!r}", "write FILE.py:FUNCTION, e.g. --metric my_metric.py:score")
-    path = Path(file)
-    if not path.is_file():
-        raise UsageError(f"--metric file not found: {path}")
-    module_spec = importlib.util.spec_from_file_location(f"lto_user_metric_{path.stem}", path)
-    if module_spec is None or module_spec.loader is None:
-        raise UsageError(f"--metric {path}: not a Python file", "give a .py file")
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)
-    except SyntaxError as exc:
-        raise UsageError(f"--metric {path}: syntax error on line {exc.lineno}: {exc.msg}") from None
-    except Exception as exc:
-        raise UsageError(f"--metric {path}: importing it raised {first_line(exc)}") from None
-    fn = getattr(module, function, None)
-    if not callable(fn):
-        found = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
-        raise UsageError(
-            f"--metric {path} has no function {function!r}",
-            f"its functions: {', '.join(found)}" if found else "define " + USER_METRIC_SIGNATURE,
-        )
-    try:
-        inspect.signature(fn).bind(None, None, None, None)
-    except TypeError:
-        raise UsageError(
-            f"--metric {path}:{function} does not take 4 arguments", "define " + USER_METRIC_SIGNATURE
-        ) from None
-    except ValueError:  # builtins without a signature: let the call tell
-        pass
-    return UserMetric(spec=f"{path.name}:{function}", path=path, function=function, fn=fn)
-
-
-# --- summaries ----------------------------------------------------------------------------------
-
-_WORST_MIN = (
-    "mask_iou",
-    "top1_agreement",
-    "top1_agreement_tolerant",
-    "top5_agreement",
-    "embedding_cosine",
-    "decode_agreement",
-    "detection_agreement",
-)
-
-
-def summarize_accuracy(result: AccuracyResult) -> dict[str, Any]:
-    """The worst figures over all outputs, for a one-cell summary in tables."""
-    if not result.per_output:
-        return {}
-    figs = list(result.per_output.values())
-    out: dict[str, Any] = {
-        "cosine": min(f["cosine"] for f in figs),
-        "max_abs": max(f["max_abs"] for f in figs),
-        "max_rel": max(f["max_rel"] for f in figs),
-    }
-    slices = [f["slice"]["value"] for f in figs if f.get("slice")]
-    if slices:
-        out["slice_cosine"] = min(slices)
-    for key in _WORST_MIN:
-        values = [f[key] for f in figs if key in f]
-        if values:
-            out[key] = min(values)
-    if result.user_metric is not None:
-        out["metric_score"] = result.user_metric["score"]
-    return out
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe: inf/nan become strings, which JSON cannot hold as numbers."""
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
-def accuracy_json(result: AccuracyResult) -> dict[str, Any]:
-    """JSON-safe form of a result, for records and reports."""
-    out: dict[str, Any] = {
-        "ok": result.ok,
-        "reason": result.reason,
-        "per_output": _clean(result.per_output),
-        "worst": _clean(summarize_accuracy(result)),
-    }
-    if result.samples:
-        out["samples"] = result.samples
-    if result.user_metric is not None:
-        out["user_metric"] = _clean(result.user_metric)
-    if result.unverified:
-        out["unverified"] = result.unverified
-    return out
-
-
-__all__ = [
-    "AccuracyResult",
-    "MetricError",
-    "UserMetric",
-    "accuracy_json",
-    "check",
-    "choose_metrics",
-    "compare_outputs",
-    "load_user_metric",
-    "output_figures",
-    "output_reasons",
-    "slice_figures",
-    "summarize_accuracy",
-]

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from optimize.task_metrics import (
+from optimize.accuracy.task_metrics import (
     CTC_BLANK,
     DETECTION_MARGIN,
     MetricChoice,
@@ -32,7 +32,7 @@ from optimize.task_metrics import (
     distribution_kind,
     greedy_decode,
 )
-from optimize.thresholds import Thresholds
+from optimize.accuracy.thresholds import Thresholds
 
 Outputs = Mapping[str, np.ndarray]
 

@@ -1,4 +1,4 @@
-"""GPU detection (optimize/gpu.py) with a faked driver, and on this machine.
+"""GPU detection (optimize/system/gpu.py) with a faked driver, and on this machine.
 
 Runs everywhere: the CUDA driver is played by a fake, and the check on this machine accepts
 both outcomes as long as they are consistent.
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from optimize.gpu import GpuDevice, detect_gpu
+from optimize.system.gpu import GpuDevice, detect_gpu
 from tests.cli_helpers import ROOT
 
 
@@ -99,7 +99,7 @@ def test_detect_on_this_machine_is_consistent() -> None:
 
 def test_detection_imports_no_gpu_library() -> None:
     code = (
-        "import sys; from optimize.gpu import detect_gpu; detect_gpu(); "
+        "import sys; from optimize.system.gpu import detect_gpu; detect_gpu(); "
         "import optimize.runtimes.tensorrt.build_stage, optimize.runtimes.tensorrt.backend; "
         "import optimize.runtimes.onnxruntime.gpu_backend; "
         "bad = [m for m in ('tensorrt', 'tensorrt_rtx', 'onnxruntime', 'cuda') if m in sys.modules]; "

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from optimize.errors import ModelError
 from optimize.files import sha256_file
-from optimize.onnx_file import (
+from optimize.model.onnx_file import (
     check_model,
     external_data_files,
     load_model,
@@ -24,7 +24,7 @@ from optimize.onnx_file import (
 )
 from tests.cli_helpers import assert_clean_error, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MLP = ROOT / "sample_models" / "mlp_small.onnx"
 
 

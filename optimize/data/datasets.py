@@ -11,7 +11,7 @@
 - an .npz of rows, read as `--calib-data` reads one.
 
 Every image, line or window is one row; the rows are grouped into samples of the pinned batch and
-then split into calibration and judging rows (optimize/rows.py). Anything lto cannot
+then split into calibration and judging rows (optimize/data/rows.py). Anything lto cannot
 turn into the model's inputs is a one-line error that says what to give instead.
 """
 
@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 
 from optimize.backend import TensorSpec
+from optimize.data.npz import load_samples
+from optimize.data.rows import RealRows, read_real_rows
+from optimize.data.spec import embedding_vocab_sizes
 from optimize.errors import InputError, UsageError
-from optimize.inputs import embedding_vocab_sizes, load_samples
-from optimize.rows import RealRows, read_real_rows
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 AUDIO_SUFFIXES = (".wav",)
