@@ -344,10 +344,17 @@ def _config_search_lines(found: Mapping[str, Any]) -> list[str]:
         "| rates tried |",
         "|---|---:|---:|",
     ]
-    for tried in found["tried"]:
-        kept = " **(kept)**" if tried["config"] == found["config"] else ""
+    kept_rows = [i for i, t in enumerate(found["tried"]) if t["config"] == found["config"]]
+    for i, tried in enumerate(found["tried"]):
+        note = " (rematch)" if tried.get("role") == "rematch" else ""
+        kept = " **(kept)**" if kept_rows and i == kept_rows[-1] else ""
         rate = "–" if tried.get("max_qps") is None else f"{tried['max_qps']:.1f}"
-        lines.append(f"| {tried['label']}{kept} | {rate} | {len(tried['curve'])} |")
+        lines.append(f"| {tried['label']}{note}{kept} | {rate} | {len(tried['curve'])} |")
+    lines += [
+        "",
+        "A value that held more was served again beside the best (rematch) and kept only when it won"
+        " that too.",
+    ]
     lines += [
         "",
         f"Written to `{found['written_to']}`; `lto serve --artifact` uses it for the flags not given.",

@@ -389,9 +389,10 @@ def _render_config_search(load: dict[str, Any], console: Console) -> None:
     found = load["config_search"]
     table = Table("configuration", f"max qps, p{found['percentile']:g} <= {found['slo_ms']:g} ms, VALID",
                   "rates tried", title="serving configurations", title_justify="left")  # fmt: skip
-    for tried in found["tried"]:
-        chosen = " (kept)" if tried["config"] == found["config"] else ""
-        table.add_row(tried["label"] + chosen, _opt_rate(tried["max_qps"]), str(len(tried["curve"])))
+    kept_at = _kept_row(found)
+    for i, tried in enumerate(found["tried"]):
+        note = (" (rematch)" if tried.get("role") == "rematch" else "") + (" (kept)" if i == kept_at else "")
+        table.add_row(tried["label"] + note, _opt_rate(tried["max_qps"]), str(len(tried["curve"])))
     console.print(table)
     best = found.get("max_qps")
     console.print(
@@ -401,6 +402,12 @@ def _render_config_search(load: dict[str, Any], console: Console) -> None:
         highlight=False,
         soft_wrap=True,
     )
+
+
+def _kept_row(found: dict[str, Any]) -> int | None:
+    """The row of the kept configuration whose rate the search reports: the last time it was served."""
+    rows = [i for i, t in enumerate(found["tried"]) if t["config"] == found["config"]]
+    return rows[-1] if rows else None
 
 
 def _opt_rate(value: float | None) -> str:

@@ -546,9 +546,12 @@ async def find_max_qps(
     max_qps: float = 1e6,
     progress: Callable[[str], None] | None = None,
     run: Callable[[Endpoint, LoadSettings], Awaitable[LoadResult]] | None = None,
+    min_qps: float | None = None,
 ) -> MaxQpsSearch:
     """Highest Poisson rate whose latency percentile meets the SLO: double until a rate fails,
-    then bisect between the last pass and the first failure. Every point is kept as the curve."""
+    then bisect between the last pass and the first failure. Every point is kept as the curve.
+    Below `min_qps` (by default a sixteenth of the first rate) the search stops with no answer: a
+    configuration search asks only whether a rate above the best so far is held."""
     if settings.slo_ms is None:
         raise UsageError("--find-max-qps needs --slo-ms", "e.g. --slo-ms 10 --percentile p99")
     curve: list[LoadResult] = []
@@ -577,7 +580,8 @@ async def find_max_qps(
         p50 = res.latency_at(50)
         start_qps = 0.5 * 1e3 / p50 if p50 else 10.0
     qps = float(start_qps)
-    floor = qps / 16  # below this the server is hopeless for the SLO; stop rather than crawl
+    # Below this the server is hopeless for the SLO (or no better than what it is compared with).
+    floor = min_qps if min_qps is not None else qps / 16
     passed: float | None = None
     failed: float | None = None
     while qps >= floor and passed is None:
