@@ -71,7 +71,7 @@ def request(body_bytes: int) -> bytes:
 
 async def per_request_us(data: bytes, count: int) -> float:
     server = layer.HttpServer(_App())
-    connection = layer._Connection(server)
+    connection = layer.HttpConnection(server)
     connection.connection_made(_Transport())
     start = time.process_time()
     for _ in range(count):

@@ -1,10 +1,10 @@
 """`lto serve` and `lto load`: a dynamic-batching KServe v2 server and a LoadGen-style load generator.
 
-batcher.py   deadline-aware dynamic batching over backend instances (one thread each)
+batcher.py   deadline-aware dynamic batching over backend instances (one thread each); its parts in batching/
 clock.py     the batcher's time source, one Clock a test can step by hand
 protocol.py  the Open Inference Protocol codec (JSON and binary tensors)
 server.py    the KServe v2 endpoints, admission, metrics, Server-Timing, drain on SIGTERM
-http_layer.py the HTTP/1.1 layer under it (asyncio Protocol + httptools' parser) and its limits
+http_layer/  the HTTP/1.1 layer under it (asyncio Protocol + httptools' parser), cut by role, and its limits
 polling.py   --busy-poll-us: poll before the idle loop sleeps
 loadgen.py   open/closed-loop load, latency breakdown, SLO verdict, max-QPS search
 loading.py   artifact or ONNX file -> backend instances

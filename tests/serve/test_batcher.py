@@ -28,6 +28,7 @@ from optimize.serve.batcher import (
     Overloaded,
     sample_row,
 )
+from optimize.serve.batching.policy import max_rows_now
 from tests.serve.fake_clock import FakeClock, settle
 from tests.serve.helpers import SleepBackend, make_token_model
 
@@ -87,13 +88,13 @@ def test_batch_size_follows_measured_efficiency_not_just_the_budget() -> None:
         batcher.latency.observe(rows, ms)
     assert batcher.latency.predict(1) == pytest.approx(2.0)
     assert batcher.latency.predict(3) == pytest.approx(16.5)
-    assert batcher._max_rows_now(1.0) == 1
+    assert max_rows_now(batcher.policy_state(), 1.0) == 1
 
     # The usual case: per-row cost falls with size; the cap is what fits half the target.
     usual = Batcher([SleepBackend()], BatcherConfig(max_batch=64, target_latency_ms=40))
     for rows, ms in [(1, 2.0), (2, 2.5), (4, 3.5), (8, 5.5), (16, 9.5)]:
         usual.latency.observe(rows, ms)
-    cap = usual._max_rows_now(1.0)
+    cap = max_rows_now(usual.policy_state(), 1.0)
     assert 16 <= cap < 64
     assert usual.latency.upper(cap) <= 20.0 < usual.latency.upper(cap + 1)
 
@@ -104,9 +105,9 @@ def test_batch_size_follows_measured_efficiency_not_just_the_budget() -> None:
     for rows, ms in [(1, 0.84), (2, 1.70), (4, 3.40), (8, 8.1)]:
         for _ in range(5):
             flat.latency.observe(rows, ms)
-    assert flat._max_rows_now(1.0) == 1
-    flat._batch_gap_ms = 0.4
-    assert flat._max_rows_now(1.0) == 4
+    assert max_rows_now(flat.policy_state(), 1.0) == 1
+    flat.estimates.batch_gap_ms = 0.4
+    assert max_rows_now(flat.policy_state(), 1.0) == 4
 
 
 def test_batch_forms_when_full_without_waiting_for_the_timer() -> None:

@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from optimize.serve.clock import Clock
 from optimize.serve.http_layer import HttpApplication, HttpLimits, HttpRequest, HttpResponse, HttpServer
+from tests.serve.fake_clock import FakeClock
 
 
 class EchoApp(HttpApplication):
@@ -86,9 +88,9 @@ class EchoApp(HttpApplication):
         return HttpResponse(status, json.dumps({"error": message}).encode())
 
 
-def run(app: EchoApp, body: Callable[[int], Awaitable[Any]]) -> Any:
+def run(app: EchoApp, body: Callable[[int], Awaitable[Any]], clock: Clock | None = None) -> Any:
     async def main() -> Any:
-        server = HttpServer(app, app.limits)
+        server = HttpServer(app, app.limits, clock)
         app.server = server
         port = await server.start("127.0.0.1", 0)
         try:
@@ -124,6 +126,16 @@ async def exchange(
     finally:
         writer.transport.abort()
     return out
+
+
+async def advancing(clock: FakeClock, awaitable: Awaitable[Any], step_s: float) -> Any:
+    """Await `awaitable` (real socket I/O) while fake time passes in steps of `step_s`: a limit in
+    time is reached by stepping the server's clock, not by waiting for it."""
+    task = asyncio.ensure_future(awaitable)
+    while not task.done():
+        await clock.advance(step_s)
+        await asyncio.sleep(0.005)  # the I/O the step caused
+    return task.result()
 
 
 def post(path: str, body: bytes, extra: str = "") -> bytes:
@@ -263,6 +275,7 @@ def test_an_upgrade_is_answered_as_plain_http_then_closed() -> None:
 
 def test_limits_a_stalled_request_and_a_hang_up_each_end_the_exchange_once() -> None:
     app = EchoApp(max_body_bytes=100, read_timeout_s=0.3)
+    clock = FakeClock()
 
     async def body(port: int) -> None:
         [(status, headers, _)] = await exchange(port, post("/slow?ms=0", b"x" * 101), 1)
@@ -272,11 +285,10 @@ def test_limits_a_stalled_request_and_a_hang_up_each_end_the_exchange_once() -> 
         )
         [(status, _, _)] = await exchange(port, chunked, 1)
         assert status == 413
-        [(status, _, payload)] = await exchange(
-            port, b"POST /slow?ms=0 HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc", 1
-        )
+        stalled = exchange(port, b"POST /slow?ms=0 HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc", 1)
+        [(status, _, payload)] = await advancing(clock, stalled, 0.1)
         assert status == 408 and b"did not arrive within 0.3 s" in payload
-        [(status, _, _)] = await exchange(port, b"GET /fast HTTP/1.1\r\nHost:", 1)  # headers stall too
+        [(status, _, _)] = await advancing(clock, exchange(port, b"GET /fast HTTP/1.1\r\nHost:", 1), 0.1)
         assert status == 408
         await exchange(port, b"POST /slow?ms=0 HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc", 0, hang_up=True)
         await exchange(port, post("/slow?ms=5000", b"abc"), 0, hang_up=True)  # hang up mid-handler
@@ -285,21 +297,24 @@ def test_limits_a_stalled_request_and_a_hang_up_each_end_the_exchange_once() -> 
                 break
             await asyncio.sleep(0.02)
 
-    run(app, body)
+    run(app, body, clock)
     assert app.counts == {"too_large": 2, "read_timeout": 2, "disconnected": 1}
     assert app.cancelled == 1 and app.held == 0
 
 
 def test_an_idle_keep_alive_connection_is_closed() -> None:
     app = EchoApp(keepalive_s=0.2)
+    clock = FakeClock()
 
     async def body(port: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             writer.write(GET_FAST)
             await asyncio.wait_for(reader.readuntil(b'{"fast": true}'), 2)
-            assert await asyncio.wait_for(reader.read(), 3) == b""  # closed by the server
+            await clock.advance(0.1)
+            assert app.server is not None and app.server.connections  # idle, within keep-alive
+            assert await advancing(clock, reader.read(), 0.05) == b""  # closed by the server
         finally:
             writer.transport.abort()
 
-    run(app, body)
+    run(app, body, clock)

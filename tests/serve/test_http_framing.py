@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 
 from optimize.serve.http_layer import (
     HttpApplication,
+    HttpConnection,
     HttpLimits,
     HttpRequest,
     HttpResponse,
     HttpServer,
-    _Connection,
 )
 
 Seen = tuple[bytes, bytes, bytes]  # method, target, body
@@ -91,7 +91,7 @@ class _Recorder(HttpApplication):
         return HttpResponse(status, message.encode())
 
 
-class _OneMessagePerFeed(_Connection):
+class _OneMessagePerFeed(HttpConnection):
     """Checks the layer's framing invariant: no feed of the parser spans two messages (so each
     wire byte is counted against its own message and parsing can stop between any two)."""
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from optimize.serve import polling
-from tests.serve.test_http import GET_FAST, EchoApp, exchange, post, run
+from tests.serve.fake_clock import FakeClock
+from tests.serve.test_http import GET_FAST, EchoApp, advancing, exchange, post, run
 
 Answer = tuple[int, dict[str, str], bytes]
 
@@ -200,26 +201,26 @@ def test_trailers_are_kept_apart_from_the_header_fields_and_bounded() -> None:
 
 def test_a_body_dribbled_under_the_minimum_rate_gets_408() -> None:
     app = EchoApp(min_body_rate=1000, rate_window_s=0.3, read_timeout_s=30)
+    clock = FakeClock()
 
     async def body(port: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             writer.write(b"POST /slow?ms=0 HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n")
-            start = time.monotonic()
-            answer = None
-            while answer is None and time.monotonic() - start < 5:
-                writer.write(b"x" * 10)  # 100 B/s
-                with contextlib.suppress(asyncio.TimeoutError):
-                    answer = await read_answer(reader, timeout=0.1)
-            assert answer is not None
-            status, _, payload = answer
+            start = clock.now()
+            answer = asyncio.ensure_future(read_answer(reader))
+            while not answer.done() and clock.now() - start < 5:
+                writer.write(b"x" * 10)  # 100 B/s of the server's time
+                await clock.advance(0.1)
+                await asyncio.sleep(0.005)
+            status, _, payload = await answer
             assert status == 408 and "under the minimum of 1000 B/s" in json.loads(payload)["error"]
-            assert time.monotonic() - start < 2.0
+            assert clock.now() - start < 2.0
             await normal_ok(port)
         finally:
             writer.transport.abort()
 
-    run(app, body)
+    run(app, body, clock)
     assert app.counts == {"read_timeout": 1} and app.held == 0
 
 
@@ -375,17 +376,43 @@ def test_one_client_cannot_take_every_connection() -> None:
 
 def test_a_connection_without_a_whole_request_soon_after_accept_is_closed() -> None:
     app = EchoApp(first_request_timeout_s=0.3, read_timeout_s=30)
+    clock = FakeClock()
 
     async def body(port: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        start = time.monotonic()
-        assert await asyncio.wait_for(reader.read(), 3) == b""  # silent: closed, nothing to answer
-        assert time.monotonic() - start < 1.5
+        start = clock.now()
+        assert await advancing(clock, reader.read(), 0.1) == b""  # silent: closed, nothing to answer
+        assert clock.now() - start < 1.5
         writer.transport.abort()
-        status, _, payload = await attack(port, b"GET /fast HTTP/1.1\r\nHost: t\r\n")
+        status, _, payload = await advancing(clock, attack(port, b"GET /fast HTTP/1.1\r\nHost: t\r\n"), 0.1)
         assert status == 408 and "of connecting" in json.loads(payload)["error"]
 
+    run(app, body, clock)
+
+
+def test_the_real_clock_fires_the_limits_in_time() -> None:
+    """The tests above step a fake clock through each timeout; here the real timers fire (briefly):
+    a silent connection, an idle keep-alive one and a stalled body, all at once."""
+    app = EchoApp(first_request_timeout_s=0.2, keepalive_s=0.2, read_timeout_s=0.2)
+
+    async def body(port: int) -> None:
+        silent, silent_writer = await asyncio.open_connection("127.0.0.1", port)
+        idle, idle_writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            idle_writer.write(GET_FAST)
+            await asyncio.wait_for(idle.readuntil(b'{"fast": true}'), 2)
+            stalled = exchange(port, b"POST /slow?ms=0 HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc", 1)
+            closed_silent, closed_idle, [(status, _, payload)] = await asyncio.gather(
+                asyncio.wait_for(silent.read(), 3), asyncio.wait_for(idle.read(), 3), stalled
+            )
+            assert closed_silent == closed_idle == b""
+            assert status == 408 and b"did not arrive within 0.2 s" in payload
+        finally:
+            silent_writer.transport.abort()
+            idle_writer.transport.abort()
+
     run(app, body)
+    assert app.counts == {"read_timeout": 1}
 
 
 # ----------------------------------------------------------------------------- odd but legal
