@@ -26,7 +26,7 @@ The package, by role:
     loop.py       the run: stages in order, each candidate evaluated, the artifact written
     order.py      the order stages run in: expected gain per second (the corpus prior, this machine)
     judge.py      every keep/reject decision, the target verdict and the exit codes
-    record.py     the run's record: rows (with their status as an enum), warnings, logs, results
+    record.py     the run's record: rows (their Status, an enum of optimize.stage), warnings, logs, results
     summary.py    the report built from the record, the partial report of a stopped run
     isolation.py  running a stage in a child process group
 
@@ -36,9 +36,10 @@ Exit codes: 0 target met (or no target), 3 the best artifact misses the target (
 
 from optimize.pipeline.judge import EXIT_FAILURE, EXIT_TARGET_MET, EXIT_TARGET_MISSED, EXIT_USAGE
 from optimize.pipeline.loop import Pipeline, optimize
-from optimize.pipeline.record import Progress, RunRecord, StageRecord, Status
+from optimize.pipeline.record import Progress, RunRecord, StageRecord
 from optimize.pipeline.request import OptimizeRequest, partial_report_path
 from optimize.pipeline.summary import PipelineResult
+from optimize.stage import Status
 from optimize.units import parse_duration
 
 __all__ = [

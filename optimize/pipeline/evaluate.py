@@ -31,10 +31,11 @@ from optimize.errors import first_line, full_text
 from optimize.evidence import is_lossy, numerics
 from optimize.pipeline import judge
 from optimize.pipeline.baseline import Baseline
-from optimize.pipeline.record import RunRecord, StageRecord, Status
+from optimize.pipeline.record import RunRecord, StageRecord
 from optimize.runtime_model import RuntimeModel
 from optimize.runtimes.backends import open_backend, open_in_worker
 from optimize.runtimes.registry import runtime_of_backend
+from optimize.stage import Status
 
 Candidate = RuntimeModel
 MeasureFn = Callable[..., Measurement]  # optimize.bench.measure_where_it_runs's signature

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from optimize.accuracy import AccuracyResult
 from optimize.evidence import Evidence, is_lossy
-from optimize.pipeline.record import StageRecord, Status
+from optimize.pipeline.record import StageRecord
 from optimize.pipeline.request import OptimizeRequest, stage_disabled_reason
 from optimize.recipes import Recipe, StageSpec
 from optimize.render.common import modes_sentence
+from optimize.stage import Status
 from optimize.stats import percentile_ci
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from optimize.pipeline import judge, order
 from optimize.pipeline.baseline import Baseline, prepare_baseline, prepare_inputs
 from optimize.pipeline.evaluate import CompareFn, Evaluator, MeasureFn, WorkerFn, open_candidate
 from optimize.pipeline.isolation import run_in_child
-from optimize.pipeline.record import Progress, RunRecord, StageRecord, Status
+from optimize.pipeline.record import Progress, RunRecord, StageRecord
 from optimize.pipeline.request import (
     OptimizeRequest,
     apply_overrides,
@@ -52,7 +52,7 @@ from optimize.render.markdown import render_markdown
 from optimize.report import write_report
 from optimize.runtimes.registry import stage_runtime
 from optimize.runtimes.stages import load_stage
-from optimize.stage import Candidate, Stage, StageContext, StageSkipped
+from optimize.stage import Candidate, Outcome, Stage, StageContext, StageSkipped, Status
 from optimize.stats import percentile_ci
 
 StageFactory = Callable[[str], Stage]
@@ -271,7 +271,7 @@ class Pipeline:
                     ctx.outcomes[cand.label] = row.outcome()
                     if row.status == Status.KEPT:
                         ctx.best_latency_ms = self._best_ms()
-                    elif row.outcome() == "slower":
+                    elif row.outcome() == Outcome.SLOWER:
                         runners_up.append((spec, cand, row))
                     if judge.search_done(spec, self.request.target_ms, self._best_ms()):
                         record.log(
@@ -473,8 +473,8 @@ class Pipeline:
                 "(its share by the recipe's stage budgets)"
             )
 
-        def note_point(label: str, status: str, reason: str, details: dict[str, Any]) -> None:
-            record.add(StageRecord(spec.name, label, Status(status), reason, details=details))
+        def note_point(label: str, status: Status, reason: str, details: dict[str, Any]) -> None:
+            record.add(StageRecord(spec.name, label, status, reason, details=details))
 
         ctx = StageContext(
             workdir=stage_dir,
@@ -701,7 +701,8 @@ class Pipeline:
         won, and every candidate it measured with its speedup and verdict."""
         record = self.record
         winner = next(
-            (r.stage for r in reversed(record.records) if r.label == best.label and r.status == "kept"), None
+            (r.stage for r in reversed(record.records) if r.label == best.label and r.status == Status.KEPT),
+            None,
         )
         ran = {r.stage for r in record.records if r.status not in (Status.SKIPPED, Status.BASELINE)}
         shipped = speedup if best is not original else 1.0

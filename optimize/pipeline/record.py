@@ -1,8 +1,9 @@
 """The record of one `lto optimize` run: what was measured and decided, kept apart from the code
 that runs it (the loop writes it; `summary` builds the reports from it and from nothing else).
 
-A row's state is an enum, never a sentence: `Status` is what the table shows, `Outcome`
-(optimize.stage) what a searching stage learns about its candidate. Reasons only explain them.
+A row's state is an enum, never a sentence: `Status` is what the table shows, `Outcome` what a
+searching stage learns about its candidate (both in optimize.stage, where stages read and name
+them too). Reasons only explain them.
 Warnings have their own channel: a log line is never promoted to a warning by its wording.
 """
 
@@ -20,21 +21,7 @@ import numpy as np
 from optimize.inputs import InputSpec
 from optimize.pipeline.request import OptimizeRequest
 from optimize.recipes import Recipe
-from optimize.stage import Outcome, TextEnum
-
-
-class Status(TextEnum):
-    """A row of the final table (a str, so reports and comparisons read it as its value)."""
-
-    BASELINE = "baseline"
-    KEPT = "kept"
-    REJECTED = "rejected"
-    SKIPPED = "skipped"
-    FAILED = "failed"
-    # kept, then sent back by the final side-by-side comparison with the original
-    REVERTED = "reverted"
-    # reduced or quantized, measured faster, but the rows could not verify its accuracy: never shipped
-    UNVERIFIED = "unverified"
+from optimize.stage import Outcome, Status
 
 
 @dataclass
@@ -213,4 +200,4 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
-__all__ = ["Outcome", "Progress", "RunRecord", "StageRecord", "Status", "json_safe"]
+__all__ = ["Progress", "RunRecord", "StageRecord", "json_safe"]
