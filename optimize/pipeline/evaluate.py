@@ -31,7 +31,7 @@ from optimize.errors import first_line, full_text
 from optimize.evidence import is_lossy, numerics
 from optimize.pipeline import judge
 from optimize.pipeline.baseline import Baseline
-from optimize.pipeline.record import RunRecord, StageRecord
+from optimize.pipeline.record import Decision, RunRecord, StageRecord
 from optimize.runtime_model import RuntimeModel
 from optimize.runtimes.backends import open_backend, open_in_worker
 from optimize.runtimes.registry import runtime_of_backend
@@ -317,8 +317,7 @@ class Evaluator:
         record.accuracy = accuracy_json(accuracy)
         record.numerics = self.numerics_of(cand, accuracy)
         if not accuracy.ok:
-            record.status, record.inaccurate = Status.REJECTED, True
-            record.reason = f"inaccurate: {accuracy.reason}"
+            record.take(judge.inaccurate(accuracy))
             return record, None, accuracy
         best = self.best.candidate
         with ExitStack() as owned:
@@ -328,13 +327,14 @@ class Evaluator:
             except Exception as exc:
                 record.reason = f"benchmarking failed: {first_line(exc)}"
                 return record, None, accuracy
-            self._judge(record, "comparison", versus_best, versus_baseline, best.label)
+            decision = self._judge(record, "comparison", versus_best, versus_baseline, best.label)
             if accuracy.unverified:
                 # Measured so the report can say what verifying it would gain; never adopted, so
                 # no confirmation run is spent on it.
-                judge.hold_unverified(record, accuracy)
+                record.take(judge.hold_unverified(decision, accuracy))
                 return record, None, accuracy
-            if record.status != Status.KEPT:
+            record.take(decision)
+            if decision.status != Status.KEPT:
                 return record, None, accuracy
             # Two processes of the same model can differ by a few percent for their whole life
             # (memory placement), and that bias is invisible to one comparison's CI. A win must
@@ -350,12 +350,9 @@ class Evaluator:
                     f"confirmation benchmark failed: {first_line(exc)}",
                 )
                 return record, None, accuracy
-            self._judge(record, "confirmation", versus_best, versus_baseline, best.label)
-            if record.status != Status.KEPT:
-                record.reason = (
-                    f"the first measurement's gain (ratio {first.ratio:.3f}) did not repeat on fresh "
-                    f"processes: {record.reason}"
-                )
+            decision = self._judge(record, "confirmation", versus_best, versus_baseline, best.label)
+            record.take(judge.confirm(first, decision))
+            if decision.status != Status.KEPT:
                 return record, None, accuracy
             owned.pop_all()  # the kept candidate's worker goes to the caller
             return record, worker, accuracy
@@ -431,18 +428,20 @@ class Evaluator:
         versus_best: Comparison,
         versus_baseline: Comparison,
         best_label: str,
-    ) -> None:
-        """Record the comparisons under details[key] (and key_with_baseline), then judge them."""
+    ) -> Decision:
+        """Record the comparisons under details[key] (and key_with_baseline); the judge's decision
+        on them."""
         record.details[key] = versus_best.to_json()
         if versus_baseline is not versus_best:
             record.details[f"{key}_with_baseline"] = versus_baseline.to_json()
-        judge.judge_candidate(
-            record,
+        return judge.judge_candidate(
             versus_best,
             versus_baseline,
+            label=record.label,
             metric=self.metric,
             best_label=best_label,
             min_improvement=self.record.recipe.min_improvement,
+            confirmation=key == "confirmation",
         )
 
     # -- the end ---------------------------------------------------------------------------------

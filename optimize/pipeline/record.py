@@ -24,6 +24,33 @@ from optimize.recipes import Recipe
 from optimize.stage import Outcome, Status
 
 
+@dataclass(frozen=True)
+class Figures:
+    """What a row shows of the side-by-side measurement its candidate was judged on: every figure
+    from the one comparison, so none is a product of ratios (pipeline/judge.judge_candidate)."""
+
+    latency_ms: dict[str, float]  # the candidate's p50, p99 and the target percentile
+    versus: dict[str, Any]  # the best so far it was measured against: its label and latency_ms
+    ratio: float  # metric(candidate) / metric(best so far)
+    ratio_ci95: tuple[float, float]
+    speedup: float | None  # over the baseline, in the same run
+    speedup_ci95: tuple[float, float] | None
+    baseline_ms: float
+    metric: str
+    modes: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the judge decided about a candidate (pipeline/judge.py): the row's status, why, and the
+    figures the decision read. The judge returns it; the evaluator records it (StageRecord.take)."""
+
+    status: Status
+    reason: str
+    figures: Figures | None = None  # None: decided before any timing (its outputs)
+    inaccurate: bool = False  # rejected for its outputs, not its speed
+
+
 @dataclass
 class StageRecord:
     """One row of the final table: a baseline, a candidate, or a stage that produced none."""
@@ -60,6 +87,17 @@ class StageRecord:
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)
+
+    def take(self, decision: Decision) -> None:
+        """The judge's decision becomes this row's status, reason and figures."""
+        self.status, self.reason, self.inaccurate = decision.status, decision.reason, decision.inaccurate
+        figures = decision.figures
+        if figures is None:
+            return
+        self.latency_ms, self.versus, self.metric = figures.latency_ms, figures.versus, figures.metric
+        self.ratio, self.ratio_ci95 = figures.ratio, figures.ratio_ci95
+        self.speedup, self.speedup_ci95 = figures.speedup, figures.speedup_ci95
+        self.baseline_ms, self.modes = figures.baseline_ms, figures.modes
 
     def outcome(self) -> Outcome:
         """What a searching stage learns about this candidate."""
@@ -200,4 +238,4 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
-__all__ = ["Progress", "RunRecord", "StageRecord", "json_safe"]
+__all__ = ["Decision", "Figures", "Progress", "RunRecord", "StageRecord", "json_safe"]
