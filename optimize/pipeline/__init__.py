@@ -22,10 +22,14 @@ own row's confirmed figure (docs/measurement.md).
 The package, by role:
     request.py    what the user asked for, checked before any work; the recipe with the CLI's overrides
     baseline.py   the inputs, judging rows and reference outputs every candidate is judged against
-    evaluate.py   load, check and time candidates (through optimize.bench only); owns every worker
-    loop.py       the run: stages in order, each candidate evaluated, the artifact written
+    evaluate.py   load, check and time candidates (through optimize.bench only); owns every worker;
+                  holds the best so far (BestSoFar: its row, its worker, its measurement alone)
+    loop.py       the run: stages in order, each candidate evaluated, the search's stopping rules
+    stage_run.py  one stage loaded, opened and run: its stream of candidates, and how it ended
+    budget.py     the --time-budget: what is left for the search, a stage's share, the final timing
+    final.py      the end: the artifact against the baseline once more, the verdict, the write
     order.py      the order stages run in: expected gain per second (the corpus prior, this machine)
-    judge.py      every keep/reject decision, the target verdict and the exit codes
+    judge.py      every keep/reject decision (a Decision value), the target verdict and the exit codes
     record.py     the run's record: rows (their Status, an enum of optimize.stage), warnings, logs, results
     summary.py    the report built from the record, the partial report of a stopped run
     isolation.py  running a stage in a child process group

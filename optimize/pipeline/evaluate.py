@@ -92,13 +92,17 @@ def _owned(stack: ExitStack, worker: Backend) -> Backend:
 
 
 class BestSoFar:
-    """The best candidate so far and what goes with it, changed only through adopt()."""
+    """The best candidate so far and everything measured of it, in one place: its worker, the row
+    it was kept on (its figures side by side with the best before it and the baseline) and its
+    measurement alone in its worker, which every target decision reads. Set by begin() (the
+    baseline), changed only through adopt()."""
 
     def __init__(self, baseline: Candidate) -> None:
         self.candidate = baseline
         # Its worker process (None while the best is the baseline: the baseline's own worker).
         self.worker: Backend | None = None
-        self.speedup = 1.0  # measured against the baseline when it was kept
+        self.row: StageRecord | None = None  # the row it was kept on (the baseline's at first)
+        self.alone: Measurement | None = None  # measured alone, once it became the best
         self.accuracy = AccuracyResult(True, "", {})
         self.kept_chain: list[dict[str, Any]] = []
         self.standard = baseline  # the best standard-op candidate (for TVM / TensorRT / OpenVINO)
@@ -106,9 +110,35 @@ class BestSoFar:
         # Runtime stage cannot start from an OpenVINO IR), whichever runtime leads.
         self.by_runtime: dict[str, Candidate] = {runtime_of_backend(baseline.backend).name: baseline}
 
-    def adopt(self, cand: Candidate, worker: Backend, speedup: float, accuracy: AccuracyResult) -> None:
+    @property
+    def speedup(self) -> float:
+        """Its speedup over the baseline, measured side by side when it was kept (the baseline: 1)."""
+        if self.row is None or self.row.speedup is None:
+            return 1.0
+        return self.row.speedup
+
+    def alone_ms(self, metric: str) -> float:
+        """Its latency at `metric`, measured alone: what the target decisions read."""
+        if self.alone is None:
+            raise RuntimeError("the best so far has not been measured alone yet (begin() comes first)")
+        return float(self.alone.latency[metric])
+
+    def begin(self, row: StageRecord, alone: Measurement) -> None:
+        """The baseline's row and its measurement alone, before any stage runs."""
+        self.row, self.alone = row, alone
+
+    def adopt(
+        self,
+        cand: Candidate,
+        worker: Backend,
+        *,
+        row: StageRecord,
+        accuracy: AccuracyResult,
+        alone: Measurement,
+    ) -> None:
+        """`cand`, kept on `row`, becomes the best with its worker and its measurement alone."""
         self.close()
-        self.candidate, self.worker, self.speedup, self.accuracy = cand, worker, speedup, accuracy
+        self.candidate, self.worker, self.row, self.accuracy, self.alone = cand, worker, row, accuracy, alone
         self.kept_chain.append({"stage": cand.label, **cand.details})
         if cand.standard_ops:
             self.standard = cand
@@ -166,11 +196,13 @@ class Evaluator:
         self.open_s[candidate.label] = time.monotonic() - start
         return worker
 
-    def end_cost_s(self, best: Candidate) -> float:
-        """What the end of a run will take with `best` as the artifact: the final comparison
+    def end_cost_s(self, best: Candidate | None = None) -> float:
+        """What the end of a run will take with `best` (by default the best so far) as the
+        artifact: the final comparison
         (its timing, at least the rounds and runs each set needs, its PROCESS_SETS fresh pairs of
         workers and their warm-up) and the artifact's write. Estimated from this run's own worker
         starts and the baseline's latency."""
+        best = self.best.candidate if best is None else best
         if best is self.original or best.label == self.original.label:
             return artifact_write_s(self.original.model_path)
         run_s = self.baseline_ms / 1000.0
@@ -210,6 +242,20 @@ class Evaluator:
             worker, self.baseline.feeds, self.settings, candidate.label,
             progress=self._bench_progress(what or f"{candidate.label}: alone"),
         )  # fmt: skip
+
+    def adopt(self, cand: Candidate, worker: Backend, row: StageRecord, accuracy: AccuracyResult) -> None:
+        """`cand`, kept on `row`, becomes the best so far with `worker` (now owned here), measured
+        alone in it for the target decisions."""
+        self.best.close()  # the previous best's worker: never timed again
+        self.record.became_best(cand.label)
+        self.record.status(f"{cand.label}: measuring alone, for the target")
+        try:
+            alone = self.measure_alone(cand, worker)
+        except BaseException:
+            worker.close()
+            raise
+        self.best.adopt(cand, worker, row=row, accuracy=accuracy, alone=alone)
+        self.record.results.append({**alone.to_json(), "label": f"{cand.label} (alone, for the target)"})
 
     def _bench_progress(self, what: str) -> Callable[[int, float], None]:
         return lambda runs, elapsed: self.record.status(f"{what}: {runs} runs, {elapsed:.1f} s")

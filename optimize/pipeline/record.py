@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from optimize.inputs import InputSpec
 from optimize.pipeline.request import OptimizeRequest
 from optimize.recipes import Recipe
 from optimize.stage import Outcome, Status
+
+if TYPE_CHECKING:
+    from optimize.bench import Measurement
 
 
 @dataclass(frozen=True)
@@ -214,10 +217,31 @@ class RunRecord:
     def became_best(self, label: str) -> None:
         self.best_at[label] = self.elapsed_s()
 
+    def revert_kept(self, why: str) -> None:
+        """The final comparison sent the original back (`why`): every kept row says so, in the
+        table and as a streamed line, and so does every skip decided on a reverted candidate."""
+        kept = {r.label for r in self.records if r.status == Status.KEPT}
+        for row in self.records:
+            if row.status == Status.KEPT:
+                row.status = Status.REVERTED
+                row.reason = f"{why}; it had been kept: {row.reason}"
+                self.progress.record(row)
+            elif row.status == Status.SKIPPED and row.details.get("decided_on") in kept:
+                row.reason += f" (decided on {row.details['decided_on']}, which was reverted)"
+
     def all_warnings(self) -> list[str]:
         """The run's warnings, then the inputs' (padding, generated scalars)."""
         extra = list(self.input_spec.warnings) if self.input_spec is not None else []
         return self.warnings + [w for w in extra if w not in self.warnings]
+
+
+def latency_figures(measurement: Measurement, metric: str, figure: float | None = None) -> dict[str, float]:
+    """What a row shows of a measurement: p50 and p99 of its runs, and its figure at the target
+    percentile `metric` (`figure` when given: a comparison's figure for the side, from the block
+    pairs its ratio comes from)."""
+    lat = measurement.latency
+    value = lat[metric] if figure is None else figure
+    return {"p50": lat["p50"], "p99": lat["p99"], metric: value}
 
 
 def json_safe(value: Any) -> Any:
@@ -238,4 +262,4 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
-__all__ = ["Decision", "Figures", "Progress", "RunRecord", "StageRecord", "json_safe"]
+__all__ = ["Decision", "Figures", "Progress", "RunRecord", "StageRecord", "json_safe", "latency_figures"]

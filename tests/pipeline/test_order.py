@@ -15,10 +15,8 @@ import pytest
 from optimize.env import MACHINE_CLASSES, cpu_class, cpu_isa_flags
 from optimize.errors import UsageError
 from optimize.pipeline import order
-from optimize.pipeline.evaluate import BestSoFar
 from optimize.pipeline.request import DEFAULT_TIME_BUDGET_S, OptimizeRequest
 from optimize.recipes import StageSpec
-from optimize.stage import Candidate
 from optimize.units import limit_parser
 from tests.cli_helpers import run_cli
 from tests.conftest import make_matmul_model
@@ -116,24 +114,6 @@ def test_the_committed_prior_reads_and_names_known_stages() -> None:
     assert {row["stage"] for row in rows} <= set(stage_infos())
     assert {row["cpu"] for row in rows} <= set(MACHINE_CLASSES)
     assert all(0 <= row["won"] <= row["tried"] and row["cost_s"] > 0 for row in rows)
-
-
-def test_a_stage_starts_from_its_own_runtimes_best(tmp_path: Path) -> None:
-    original = Candidate(label="baseline", model_path=tmp_path / "m.onnx")
-    best = BestSoFar(original)
-    ir = Candidate(label="openvino-convert:bf16", model_path=tmp_path / "m.xml", backend="openvino")
-    best.adopt(ir, worker=_Closed(), speedup=2.5, accuracy=best.accuracy)
-    assert best.candidate is ir
-    assert best.of_runtime("onnxruntime") is original  # not an IR it cannot read
-    assert best.of_runtime("openvino") is ir and best.of_runtime("tvm") is ir
-    fused = Candidate(label="operator-fusion", model_path=tmp_path / "f.onnx")
-    best.adopt(fused, worker=_Closed(), speedup=2.6, accuracy=best.accuracy)
-    assert best.of_runtime("onnxruntime") is fused and best.of_runtime("openvino") is ir
-
-
-class _Closed:
-    def close(self) -> None:
-        pass
 
 
 def test_a_candidate_that_cannot_win_is_no_longer_timed(tmp_path: Path) -> None:
