@@ -198,10 +198,9 @@ class Evaluator:
 
     def end_cost_s(self, best: Candidate | None = None) -> float:
         """What the end of a run will take with `best` (by default the best so far) as the
-        artifact: the final comparison
-        (its timing, at least the rounds and runs each set needs, its PROCESS_SETS fresh pairs of
-        workers and their warm-up) and the artifact's write. Estimated from this run's own worker
-        starts and the baseline's latency."""
+        artifact: the final comparison (its timing, at least the rounds and runs each set needs,
+        its PROCESS_SETS fresh pairs of workers and their warm-up) and the artifact's write.
+        Estimated from this run's own worker starts and the baseline's latency."""
         best = self.best.candidate if best is None else best
         if best is self.original or best.label == self.original.label:
             return artifact_write_s(self.original.model_path)

@@ -157,7 +157,8 @@ class Pipeline:
             # verdict reads the artifact's figure in its final comparison (what the table shows).
             evaluator.best.begin(row, base_meas)
             self._stages(evaluator, StageOpener(record, self.stage_factory, self.budget, workdir))
-            return self._finish(evaluator, baseline, base_meas)
+        # The search's workers are closed: the final comparison starts fresh processes of its own.
+        return self._finish(evaluator, baseline, base_meas)
 
     def _baseline_row(self, base_meas: Measurement, elapsed_s: float) -> StageRecord:
         latency = latency_figures(base_meas, self.metric)
