@@ -37,6 +37,23 @@ class TextEnum(str, Enum):
         return format(str(self.value), spec)
 
 
+class Status(TextEnum):
+    """A row of `lto optimize`'s table: what became of the baseline, a candidate, or a stage that
+    produced none. Its values are the words reports write, so a report reads the same whichever
+    layer named the status: the pipeline for what it measured, a stage for a point of its search
+    it did not yield (StageContext.note_point)."""
+
+    BASELINE = "baseline"
+    KEPT = "kept"
+    REJECTED = "rejected"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    # kept, then sent back by the final side-by-side comparison with the original
+    REVERTED = "reverted"
+    # reduced or quantized, measured faster, but the rows could not verify its accuracy: never shipped
+    UNVERIFIED = "unverified"
+
+
 class Outcome(TextEnum):
     """What the pipeline decided about a candidate a stage yielded (StageContext.outcomes): a
     stage that searches reads it to prune what cannot win."""
@@ -72,15 +89,17 @@ class StageContext:
     # A warning for the report (calibrating on generated inputs, say); None: it is logged.
     warn_fn: Callable[[str], None] | None = None
     # Records a point of a search the pipeline will not measure as a row of the report:
-    # (label, status "skipped" | "failed" | "rejected", reason, details).
-    note_point_fn: Callable[[str, str, str, dict[str, Any]], None] | None = None
+    # (label, Status.SKIPPED | FAILED | REJECTED, reason, details).
+    note_point_fn: Callable[[str, Status, str, dict[str, Any]], None] | None = None
 
-    def note_point(self, label: str, status: str, reason: str, details: dict[str, Any] | None = None) -> None:
+    def note_point(
+        self, label: str, status: Status, reason: str, details: dict[str, Any] | None = None
+    ) -> None:
         if self.note_point_fn is not None:
             self.note_point_fn(label, status, reason, details or {})
 
     def skip_point(self, label: str, reason: str, details: dict[str, Any] | None = None) -> None:
-        self.note_point(label, "skipped", reason, details)
+        self.note_point(label, Status.SKIPPED, reason, details)
 
     def warn(self, text: str) -> None:
         """Something the user must read in the report, not only in the log."""

@@ -22,11 +22,15 @@ own row's confirmed figure (docs/measurement.md).
 The package, by role:
     request.py    what the user asked for, checked before any work; the recipe with the CLI's overrides
     baseline.py   the inputs, judging rows and reference outputs every candidate is judged against
-    evaluate.py   load, check and time candidates (through optimize.bench only); owns every worker
-    loop.py       the run: stages in order, each candidate evaluated, the artifact written
+    evaluate.py   load, check and time candidates (through optimize.bench only); owns every worker;
+                  holds the best so far (BestSoFar: its row, its worker, its measurement alone)
+    loop.py       the run: stages in order, each candidate evaluated, the search's stopping rules
+    stage_run.py  one stage loaded, opened and run: its stream of candidates, and how it ended
+    budget.py     the --time-budget: what is left for the search, a stage's share, the final timing
+    final.py      the end: the artifact against the baseline once more, the verdict, the write
     order.py      the order stages run in: expected gain per second (the corpus prior, this machine)
-    judge.py      every keep/reject decision, the target verdict and the exit codes
-    record.py     the run's record: rows (with their status as an enum), warnings, logs, results
+    judge.py      every keep/reject decision (a Decision value), the target verdict and the exit codes
+    record.py     the run's record: rows (their Status, an enum of optimize.stage), warnings, logs, results
     summary.py    the report built from the record, the partial report of a stopped run
     isolation.py  running a stage in a child process group
 
@@ -36,9 +40,10 @@ Exit codes: 0 target met (or no target), 3 the best artifact misses the target (
 
 from optimize.pipeline.judge import EXIT_FAILURE, EXIT_TARGET_MET, EXIT_TARGET_MISSED, EXIT_USAGE
 from optimize.pipeline.loop import Pipeline, optimize
-from optimize.pipeline.record import Progress, RunRecord, StageRecord, Status
+from optimize.pipeline.record import Progress, RunRecord, StageRecord
 from optimize.pipeline.request import OptimizeRequest, partial_report_path
 from optimize.pipeline.summary import PipelineResult
+from optimize.stage import Status
 from optimize.units import parse_duration
 
 __all__ = [

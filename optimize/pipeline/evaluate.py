@@ -31,9 +31,10 @@ from optimize.errors import first_line, full_text
 from optimize.model.runtime_model import RuntimeModel
 from optimize.pipeline import judge
 from optimize.pipeline.baseline import Baseline
-from optimize.pipeline.record import RunRecord, StageRecord, Status
+from optimize.pipeline.record import Decision, RunRecord, StageRecord
 from optimize.runtimes.backends import open_backend, open_in_worker
 from optimize.runtimes.registry import runtime_of_backend
+from optimize.stage import Status
 
 Candidate = RuntimeModel
 MeasureFn = Callable[..., Measurement]  # optimize.bench.measure_where_it_runs's signature
@@ -90,13 +91,17 @@ def _owned(stack: ExitStack, worker: Backend) -> Backend:
 
 
 class BestSoFar:
-    """The best candidate so far and what goes with it, changed only through adopt()."""
+    """The best candidate so far and everything measured of it, in one place: its worker, the row
+    it was kept on (its figures side by side with the best before it and the baseline) and its
+    measurement alone in its worker, which every target decision reads. Set by begin() (the
+    baseline), changed only through adopt()."""
 
     def __init__(self, baseline: Candidate) -> None:
         self.candidate = baseline
         # Its worker process (None while the best is the baseline: the baseline's own worker).
         self.worker: Backend | None = None
-        self.speedup = 1.0  # measured against the baseline when it was kept
+        self.row: StageRecord | None = None  # the row it was kept on (the baseline's at first)
+        self.alone: Measurement | None = None  # measured alone, once it became the best
         self.accuracy = AccuracyResult(True, "", {})
         self.kept_chain: list[dict[str, Any]] = []
         self.standard = baseline  # the best standard-op candidate (for TVM / TensorRT / OpenVINO)
@@ -104,9 +109,35 @@ class BestSoFar:
         # Runtime stage cannot start from an OpenVINO IR), whichever runtime leads.
         self.by_runtime: dict[str, Candidate] = {runtime_of_backend(baseline.backend).name: baseline}
 
-    def adopt(self, cand: Candidate, worker: Backend, speedup: float, accuracy: AccuracyResult) -> None:
+    @property
+    def speedup(self) -> float:
+        """Its speedup over the baseline, measured side by side when it was kept (the baseline: 1)."""
+        if self.row is None or self.row.speedup is None:
+            return 1.0
+        return self.row.speedup
+
+    def alone_ms(self, metric: str) -> float:
+        """Its latency at `metric`, measured alone: what the target decisions read."""
+        if self.alone is None:
+            raise RuntimeError("the best so far has not been measured alone yet (begin() comes first)")
+        return float(self.alone.latency[metric])
+
+    def begin(self, row: StageRecord, alone: Measurement) -> None:
+        """The baseline's row and its measurement alone, before any stage runs."""
+        self.row, self.alone = row, alone
+
+    def adopt(
+        self,
+        cand: Candidate,
+        worker: Backend,
+        *,
+        row: StageRecord,
+        accuracy: AccuracyResult,
+        alone: Measurement,
+    ) -> None:
+        """`cand`, kept on `row`, becomes the best with its worker and its measurement alone."""
         self.close()
-        self.candidate, self.worker, self.speedup, self.accuracy = cand, worker, speedup, accuracy
+        self.candidate, self.worker, self.row, self.accuracy, self.alone = cand, worker, row, accuracy, alone
         self.kept_chain.append({"stage": cand.label, **cand.details})
         if cand.standard_ops:
             self.standard = cand
@@ -164,11 +195,12 @@ class Evaluator:
         self.open_s[candidate.label] = time.monotonic() - start
         return worker
 
-    def end_cost_s(self, best: Candidate) -> float:
-        """What the end of a run will take with `best` as the artifact: the final comparison
-        (its timing, at least the rounds and runs each set needs, its PROCESS_SETS fresh pairs of
-        workers and their warm-up) and the artifact's write. Estimated from this run's own worker
-        starts and the baseline's latency."""
+    def end_cost_s(self, best: Candidate | None = None) -> float:
+        """What the end of a run will take with `best` (by default the best so far) as the
+        artifact: the final comparison (its timing, at least the rounds and runs each set needs,
+        its PROCESS_SETS fresh pairs of workers and their warm-up) and the artifact's write.
+        Estimated from this run's own worker starts and the baseline's latency."""
+        best = self.best.candidate if best is None else best
         if best is self.original or best.label == self.original.label:
             return artifact_write_s(self.original.model_path)
         run_s = self.baseline_ms / 1000.0
@@ -208,6 +240,20 @@ class Evaluator:
             worker, self.baseline.feeds, self.settings, candidate.label,
             progress=self._bench_progress(what or f"{candidate.label}: alone"),
         )  # fmt: skip
+
+    def adopt(self, cand: Candidate, worker: Backend, row: StageRecord, accuracy: AccuracyResult) -> None:
+        """`cand`, kept on `row`, becomes the best so far with `worker` (now owned here), measured
+        alone in it for the target decisions."""
+        self.best.close()  # the previous best's worker: never timed again
+        self.record.became_best(cand.label)
+        self.record.status(f"{cand.label}: measuring alone, for the target")
+        try:
+            alone = self.measure_alone(cand, worker)
+        except BaseException:
+            worker.close()
+            raise
+        self.best.adopt(cand, worker, row=row, accuracy=accuracy, alone=alone)
+        self.record.results.append({**alone.to_json(), "label": f"{cand.label} (alone, for the target)"})
 
     def _bench_progress(self, what: str) -> Callable[[int, float], None]:
         return lambda runs, elapsed: self.record.status(f"{what}: {runs} runs, {elapsed:.1f} s")
@@ -315,8 +361,7 @@ class Evaluator:
         record.accuracy = accuracy_json(accuracy)
         record.numerics = self.numerics_of(cand, accuracy)
         if not accuracy.ok:
-            record.status, record.inaccurate = Status.REJECTED, True
-            record.reason = f"inaccurate: {accuracy.reason}"
+            record.take(judge.inaccurate(accuracy))
             return record, None, accuracy
         best = self.best.candidate
         with ExitStack() as owned:
@@ -326,13 +371,14 @@ class Evaluator:
             except Exception as exc:
                 record.reason = f"benchmarking failed: {first_line(exc)}"
                 return record, None, accuracy
-            self._judge(record, "comparison", versus_best, versus_baseline, best.label)
+            decision = self._judge(record, "comparison", versus_best, versus_baseline, best.label)
             if accuracy.unverified:
                 # Measured so the report can say what verifying it would gain; never adopted, so
                 # no confirmation run is spent on it.
-                judge.hold_unverified(record, accuracy)
+                record.take(judge.hold_unverified(decision, accuracy))
                 return record, None, accuracy
-            if record.status != Status.KEPT:
+            record.take(decision)
+            if decision.status != Status.KEPT:
                 return record, None, accuracy
             # Two processes of the same model can differ by a few percent for their whole life
             # (memory placement), and that bias is invisible to one comparison's CI. A win must
@@ -348,12 +394,9 @@ class Evaluator:
                     f"confirmation benchmark failed: {first_line(exc)}",
                 )
                 return record, None, accuracy
-            self._judge(record, "confirmation", versus_best, versus_baseline, best.label)
-            if record.status != Status.KEPT:
-                record.reason = (
-                    f"the first measurement's gain (ratio {first.ratio:.3f}) did not repeat on fresh "
-                    f"processes: {record.reason}"
-                )
+            decision = self._judge(record, "confirmation", versus_best, versus_baseline, best.label)
+            record.take(judge.confirm(first, decision))
+            if decision.status != Status.KEPT:
                 return record, None, accuracy
             owned.pop_all()  # the kept candidate's worker goes to the caller
             return record, worker, accuracy
@@ -429,18 +472,20 @@ class Evaluator:
         versus_best: Comparison,
         versus_baseline: Comparison,
         best_label: str,
-    ) -> None:
-        """Record the comparisons under details[key] (and key_with_baseline), then judge them."""
+    ) -> Decision:
+        """Record the comparisons under details[key] (and key_with_baseline); the judge's decision
+        on them."""
         record.details[key] = versus_best.to_json()
         if versus_baseline is not versus_best:
             record.details[f"{key}_with_baseline"] = versus_baseline.to_json()
-        judge.judge_candidate(
-            record,
+        return judge.judge_candidate(
             versus_best,
             versus_baseline,
+            label=record.label,
             metric=self.metric,
             best_label=best_label,
             min_improvement=self.record.recipe.min_improvement,
+            confirmation=key == "confirmation",
         )
 
     # -- the end ---------------------------------------------------------------------------------

@@ -12,10 +12,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from optimize.accuracy import AccuracyResult, Evidence, is_lossy
-from optimize.pipeline.record import StageRecord, Status
+from optimize.pipeline.record import Decision, Figures, StageRecord
 from optimize.pipeline.request import OptimizeRequest, stage_disabled_reason
 from optimize.recipes import Recipe, StageSpec
 from optimize.render.common import modes_sentence
+from optimize.stage import Status
 from optimize.stats import percentile_ci
 
 if TYPE_CHECKING:
@@ -101,13 +102,30 @@ def weigh_evidence(result: AccuracyResult, precision: str, evidence: Evidence | 
     return replace(result, ok=True, unverified=f"{evidence.why_not()}; on these rows it passed")
 
 
-def hold_unverified(record: StageRecord, accuracy: AccuracyResult) -> None:
+def inaccurate(accuracy: AccuracyResult) -> Decision:
+    """A candidate whose outputs failed the accuracy gate is rejected before any timing."""
+    return Decision(Status.REJECTED, f"inaccurate: {accuracy.reason}", inaccurate=True)
+
+
+def hold_unverified(decision: Decision, accuracy: AccuracyResult) -> Decision:
     """A candidate measured faster than the best but unverified is recorded, not kept (what data
     would verify it is said once, at the end of the run)."""
-    if record.status != Status.KEPT or not accuracy.unverified:
-        return
-    record.status = Status.UNVERIFIED
-    record.reason = f"{record.reason}, but not shipped: unverified ({accuracy.unverified})"
+    if decision.status != Status.KEPT or not accuracy.unverified:
+        return decision
+    reason = f"{decision.reason}, but not shipped: unverified ({accuracy.unverified})"
+    return replace(decision, status=Status.UNVERIFIED, reason=reason)
+
+
+def confirm(first: Comparison, confirmation: Decision) -> Decision:
+    """A win must repeat on fresh processes: the confirmation's decision stands, and when it does
+    not keep the candidate it says that the first measurement's gain did not repeat."""
+    if confirmation.status == Status.KEPT:
+        return confirmation
+    reason = (
+        f"the first measurement's gain (ratio {first.ratio:.3f}) did not repeat on fresh "
+        f"processes: {confirmation.reason}"
+    )
+    return replace(confirmation, reason=reason)
 
 
 def unverified_faster(records: Sequence[StageRecord], shipped_speedup: float) -> list[dict[str, Any]]:
@@ -171,53 +189,64 @@ def search_done(spec: StageSpec, target_ms: float | None, best_ms: float) -> boo
 
 
 def judge_candidate(
-    record: StageRecord,
     comparison: Comparison,
     versus_baseline: Comparison,
     *,
+    label: str,
     metric: str,
     best_label: str,
     min_improvement: float,
-) -> None:
+    confirmation: bool = False,
+) -> Decision:
     """Keep when faster than the best by the recipe's minimum and with 95% confidence; say why not
     otherwise. The speedup recorded is the one measured against the baseline in the same run
     (`versus_baseline`, the same comparison while the best is the baseline), never a product of
-    ratios: chained ratios carry every earlier comparison's error and bias into one figure."""
-    ratio = float(comparison.ratio)
+    ratios: chained ratios carry every earlier comparison's error and bias into one figure.
+    `confirmation`: the comparison is the second, on fresh processes."""
+    figures = side_by_side_figures(
+        comparison, versus_baseline, label=label, metric=metric, best_label=best_label
+    )
+    ratio, (lo, hi) = figures.ratio, figures.ratio_ci95
+    said = f"{metric} ratio {ratio:.3f}, CI {lo:.3f}–{hi:.3f}"
+    two_speeds = modes_of(comparison, best_label, label)
+    if two_speeds:
+        said += f"; {two_speeds['sentence']}"
+    if hi < 1.0 and ratio <= 1.0 - min_improvement:
+        reason = f"{1 / ratio:.2f}x faster than {best_label} ({said})"
+        if confirmation:
+            reason += ", confirmed on fresh processes"
+        return Decision(Status.KEPT, reason, figures)
+    if lo > 1.0:
+        reason = f"slower than {best_label} ({said})"
+    elif hi >= 1.0:
+        reason = f"not faster than {best_label} with confidence ({said})"
+    else:
+        reason = f"gain below the recipe's {min_improvement:.0%} minimum ({said})"
+    return Decision(Status.REJECTED, reason, figures)
+
+
+def side_by_side_figures(
+    comparison: Comparison, versus_baseline: Comparison, *, label: str, metric: str, best_label: str
+) -> Figures:
+    """The figures a candidate's row shows: its ratio to the best so far, and its speedup over
+    the baseline measured in the same run. Every latency comes from the block pairs its ratio
+    comes from (side_ms)."""
     lo, hi = (float(x) for x in comparison.ratio_ci95)
-    # Every latency a row shows comes from the block pairs its ratio comes from (side_ms).
     best_ms, cand_ms = comparison.side_ms
     lat, ref = comparison.b.latency, comparison.a.latency
-    record.latency_ms = {"p50": lat["p50"], "p99": lat["p99"], metric: cand_ms}
-    record.versus = {
-        "label": best_label,
-        "latency_ms": {"p50": ref["p50"], "p99": ref["p99"], metric: best_ms},
-    }
-    record.ratio, record.ratio_ci95 = ratio, (lo, hi)
     base_ratio = float(versus_baseline.ratio)
     base_lo, base_hi = (float(x) for x in versus_baseline.ratio_ci95)
-    record.speedup = 1.0 / base_ratio if base_ratio > 0 else None
-    record.speedup_ci95 = (1.0 / base_hi, 1.0 / base_lo) if base_lo > 0 else None
-    record.baseline_ms = versus_baseline.side_ms[0]
-    record.metric = metric
-    record.modes = modes_of(versus_baseline, "baseline", record.label)
-    figures = f"{metric} ratio {ratio:.3f}, CI {lo:.3f}–{hi:.3f}"
-    two_speeds = modes_of(comparison, best_label, record.label)
-    if two_speeds:
-        figures += f"; {two_speeds['sentence']}"
-    if hi < 1.0 and ratio <= 1.0 - min_improvement:
-        record.status = Status.KEPT
-        record.reason = f"{1 / ratio:.2f}x faster than {best_label} ({figures})"
-        if "confirmation" in record.details:
-            record.reason += ", confirmed on fresh processes"
-        return
-    record.status = Status.REJECTED
-    if lo > 1.0:
-        record.reason = f"slower than {best_label} ({figures})"
-    elif hi >= 1.0:
-        record.reason = f"not faster than {best_label} with confidence ({figures})"
-    else:
-        record.reason = f"gain below the recipe's {min_improvement:.0%} minimum ({figures})"
+    return Figures(
+        latency_ms={"p50": lat["p50"], "p99": lat["p99"], metric: cand_ms},
+        versus={"label": best_label, "latency_ms": {"p50": ref["p50"], "p99": ref["p99"], metric: best_ms}},
+        ratio=float(comparison.ratio),
+        ratio_ci95=(lo, hi),
+        speedup=1.0 / base_ratio if base_ratio > 0 else None,
+        speedup_ci95=(1.0 / base_hi, 1.0 / base_lo) if base_lo > 0 else None,
+        baseline_ms=versus_baseline.side_ms[0],
+        metric=metric,
+        modes=modes_of(versus_baseline, "baseline", label),
+    )
 
 
 def modes_of(comparison: Comparison, a_label: str, b_label: str) -> dict[str, Any] | None:
@@ -282,8 +311,10 @@ __all__ = [
     "EXIT_TARGET_MISSED",
     "EXIT_UNVERIFIED",
     "EXIT_USAGE",
+    "confirm",
     "final_exit",
     "hold_unverified",
+    "inaccurate",
     "judge_candidate",
     "modes_of",
     "original_wins_final",
@@ -291,6 +322,7 @@ __all__ = [
     "runoff_candidates",
     "search_done",
     "share_used_up",
+    "side_by_side_figures",
     "stage_time_share",
     "target_met",
     "target_verdict",

@@ -2,82 +2,44 @@
 measured against the best so far and the baseline, then the artifact.
 
 Roles, each in its own file: `baseline` prepares what every candidate is judged against;
-`evaluate` loads, checks and times (through the bench engine only) and owns every process it
-starts; `judge` decides; the loop runs the stages and writes what happens into the run's
-`record`, from which `summary` builds the report. A stage only proposes candidates (STYLE.md).
+`evaluate` loads, checks and times (through the bench engine only), owns every process it starts
+and holds the best so far; `stage_run` opens and runs one stage; `budget` keeps the --time-budget;
+`judge` decides; the loop runs the stages in `order` and writes what happens into the run's
+`record`; `final` measures the artifact once more and writes it; `summary` builds the report.
+A stage only proposes candidates (STYLE.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 import time
-import traceback
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from optimize.accuracy import MetricError, accuracy_json, numerics
-from optimize.artifact import write_artifact
-from optimize.bench import BenchSettings, Comparison, Measurement, peaks
-from optimize.errors import first_line, full_text
-from optimize.model.inspection import model_flops
+from optimize.bench import BenchSettings, Measurement, peaks
 from optimize.model.onnx_file import file_has_external_data
 from optimize.pipeline import judge, order
 from optimize.pipeline.baseline import Baseline, prepare_baseline, prepare_inputs
-from optimize.pipeline.evaluate import CompareFn, Evaluator, MeasureFn, WorkerFn, open_candidate
-from optimize.pipeline.isolation import run_in_child
-from optimize.pipeline.record import Progress, RunRecord, StageRecord, Status
-from optimize.pipeline.request import (
-    OptimizeRequest,
-    apply_overrides,
-    choose_recipe,
-    default_out_dir,
-    partial_report_path,
-)
-from optimize.pipeline.summary import (
-    FinalFigures,
-    PipelineResult,
-    final_line,
-    optimize_report,
-    write_partial_report,
-)
+from optimize.pipeline.budget import TimeBudget
+from optimize.pipeline.evaluate import BestSoFar, CompareFn, Evaluator, MeasureFn, WorkerFn, open_candidate
+from optimize.pipeline.final import FinalStep
+from optimize.pipeline.record import Progress, RunRecord, StageRecord, latency_figures
+from optimize.pipeline.request import OptimizeRequest, apply_overrides, choose_recipe, default_out_dir
+from optimize.pipeline.stage_run import StageFactory, StageOpener, StageRun
+from optimize.pipeline.summary import PipelineResult, write_partial_report
 from optimize.recipes import Recipe, StageSpec
-from optimize.render.markdown import render_markdown
-from optimize.report import write_report
-from optimize.runtimes.registry import stage_runtime
 from optimize.runtimes.stages import load_stage
-from optimize.stage import Candidate, Stage, StageContext, StageSkipped
-from optimize.stats import percentile_ci
+from optimize.stage import Candidate, Outcome, Status
 from optimize.system import interrupts
 from optimize.system.env import cpu_isa_flags, machine_fingerprint
 
-StageFactory = Callable[[str], Stage]
-# The final comparison times for at least this long, even when the --time-budget is spent: a
-# headline needs its own measurement (a few rounds in each set of processes).
-FINAL_MIN_TIME_S = 3.0
-
-
-def _named(stage: str, text: str) -> str:
-    """A stage's line, led by its name once ("openvino-convert: openvino-convert:bf16: ..." read
-    twice when the line already names one of the stage's candidates)."""
-    return text if text.startswith(f"{stage}:") else f"{stage}: {text}"
-
-
-# Exception types that, raised by lto's own code, are its bugs (Olive re-raises the same kinds).
-PROGRAMMING_ERRORS = (TypeError, AttributeError, NameError, AssertionError, UnboundLocalError)
-_PACKAGE_DIR = Path(__file__).resolve().parents[1]
-
-
-def _own_programming_error(exc: BaseException) -> bool:
-    """A programming error whose innermost frame is in lto's own package (not in a library a stage
-    calls, where the same types mean the library refused the model)."""
-    if not isinstance(exc, PROGRAMMING_ERRORS):
-        return False
-    frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(_PACKAGE_DIR)
+# The reason the baseline's row gives until the final comparison measures it beside the artifact.
+BASELINE_ALONE_REASON = (
+    "original model, ONNX Runtime default settings; measured alone at the start, "
+    "for the search's target decisions (every speedup is measured side by side)"
+)
 
 
 def _missing_folders(path: Path) -> list[Path]:
@@ -88,16 +50,6 @@ def _missing_folders(path: Path) -> list[Path]:
             break
         missing.append(folder)
     return missing
-
-
-@contextlib.contextmanager
-def _working_directory(path: Path) -> Iterator[None]:
-    previous = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(previous)
 
 
 class Pipeline:
@@ -135,10 +87,9 @@ class Pipeline:
             progress=progress or Progress(),
             warnings=list(recipe_notes),
         )
-        self._deadline = self.record.started + request.time_budget_s if request.time_budget_s else None
-        self._loaded: dict[str, Stage | StageSkipped] = {}
-        self._evaluator: Evaluator | None = None
-        self.record.deadline = self._deadline
+        deadline = self.record.started + request.time_budget_s if request.time_budget_s else None
+        self.budget = TimeBudget(deadline)
+        self.record.deadline = deadline
         # The order the stages run in, by expected gain per second (pipeline/order.py).
         # The machine's class in the prior, from its measured arithmetic rates (once per machine).
         self.peaks = peaks.machine_peaks(
@@ -182,7 +133,7 @@ class Pipeline:
         record = self.record
         record.external_data = file_has_external_data(model_path)
         prepared = prepare_inputs(record, model_path, workdir)
-        # Absolute: stages run inside their scratch directory (see _stage_items).
+        # Absolute: stages run inside their scratch directory (stage_run.py).
         original = Candidate(label="baseline", model_path=model_path.absolute(), runtime_config={})
         record.status("baseline: loading the original model on ONNX Runtime defaults")
         t0 = time.monotonic()
@@ -192,44 +143,47 @@ class Pipeline:
             record, baseline, self.settings, measure_fn=self.measure_fn, compare_fn=self.compare_fn,
             open_worker_fn=self.open_worker_fn,
         )  # fmt: skip
-        self._evaluator = evaluator
-        evaluator.time_left = self._time_left
+        self.budget.estimates = evaluator
+        evaluator.time_left = self.budget.time_left
         record.log(order.plan_line(self.plan, self.record.model_kind, self.cpu))
         with evaluator:
             base_meas = evaluator.start_baseline()
             record.results.append({**base_meas.to_json(), "label": "baseline (alone, at the start)"})
             record.became_best("baseline")
-            record.add(
-                StageRecord(
-                    stage="baseline",
-                    label="baseline",
-                    status=Status.BASELINE,
-                    reason="original model, ONNX Runtime default settings; measured alone at the start, "
-                    "for the search's target decisions (every speedup is measured side by side)",
-                    latency_ms=self._latency(base_meas),
-                    speedup=1.0,
-                    baseline_ms=self._latency(base_meas)[self.metric],
-                    metric=self.metric,
-                    accuracy={"ok": True, "reason": "reference", "per_output": {}, "worst": {}},
-                    backend="onnxruntime",
-                    runtime_config={},
-                    precision="fp32",
-                    elapsed_s=time.monotonic() - t0,
-                )
-            )
+            row = self._baseline_row(base_meas, elapsed_s=time.monotonic() - t0)
+            record.add(row)
             # The search's target decisions (skipping a stage, stopping a search, --stop-at-target)
             # read the best candidate measured alone, as the user's process runs it; the final
             # verdict reads the artifact's figure in its final comparison (what the table shows).
-            self.best_alone = base_meas
-            self._stages(evaluator, baseline, workdir)
+            evaluator.best.begin(row, base_meas)
+            self._stages(evaluator, StageOpener(record, self.stage_factory, self.budget, workdir))
+        # The search's workers are closed: the final comparison starts fresh processes of its own.
         return self._finish(evaluator, baseline, base_meas)
 
-    def _stages(self, evaluator: Evaluator, baseline: Baseline, workdir: Path) -> None:
+    def _baseline_row(self, base_meas: Measurement, elapsed_s: float) -> StageRecord:
+        latency = latency_figures(base_meas, self.metric)
+        return StageRecord(
+            stage="baseline",
+            label="baseline",
+            status=Status.BASELINE,
+            reason=BASELINE_ALONE_REASON,
+            latency_ms=latency,
+            speedup=1.0,
+            baseline_ms=latency[self.metric],
+            metric=self.metric,
+            accuracy={"ok": True, "reason": "reference", "per_output": {}, "worst": {}},
+            backend="onnxruntime",
+            runtime_config={},
+            precision="fp32",
+            elapsed_s=elapsed_s,
+        )
+
+    def _stages(self, evaluator: Evaluator, opener: StageOpener) -> None:
         """Every stage of the recipe in order, then the runoff among close runners-up."""
         record, best = self.record, evaluator.best
         runners_up: list[tuple[StageSpec, Candidate, StageRecord]] = []
         stop_reason = ""
-        if self.request.stop_at_target and self._target_met(self.best_alone, confident=True):
+        if self._stop_at_target(best):
             stop_reason = "the baseline already meets the target (--stop-at-target)"
         self._remaining = list(self.plan)
         while self._remaining:
@@ -237,7 +191,7 @@ class Pipeline:
                 self._remaining = order.rank(self._remaining, best.speedup)
             (spec, odds), self._remaining = self._remaining[0], self._remaining[1:]
             t_stage = time.monotonic()
-            reason = self._pre_skip_reason(spec, stop_reason, odds) or self._not_worth_reason(
+            reason = self._pre_skip_reason(spec, stop_reason, best, odds) or self._not_worth_reason(
                 spec, odds, best.speedup
             )
             if reason:
@@ -245,63 +199,56 @@ class Pipeline:
                 basis = {"decided_on": best.candidate.label}
                 record.add(StageRecord(spec.name, spec.name, Status.SKIPPED, reason, details=basis))
                 continue
-            opened = self._open_stage(spec, evaluator, baseline, workdir)
+            opened = opener.open(spec, [s for s, _ in self._remaining], evaluator)
             if isinstance(opened, StageRecord):
                 opened.elapsed_s = time.monotonic() - t_stage
                 record.add(opened)
                 continue
-            stage, ctx = opened
-            items = self._stage_items(spec, stage, best.of_runtime(stage_runtime(spec.name)), ctx)
-            produced = 0
-            try:
-                for item in items:
-                    if isinstance(item, StageRecord):  # a failure, or a search point not tried
-                        item.elapsed_s = time.monotonic() - t_stage
-                        record.add(item)
-                        continue
-                    cand, produced = item, produced + 1
-                    why = self._unmeasured_reason(ctx, produced)
-                    if why:
-                        record.add(
-                            StageRecord(spec.name, cand.label, Status.SKIPPED, why, details=cand.details)
-                        )
-                        break
-                    row = self._evaluate_and_adopt(evaluator, spec, cand, t_stage)
-                    ctx.outcomes[cand.label] = row.outcome()
-                    if row.status == Status.KEPT:
-                        ctx.best_latency_ms = self._best_ms()
-                    elif row.outcome() == "slower":
-                        runners_up.append((spec, cand, row))
-                    if judge.search_done(spec, self.request.target_ms, self._best_ms()):
-                        record.log(
-                            f"{spec.name}: the best {self.metric} ({self._best_ms():.3f} ms, measured "
-                            f"alone) meets the {self.request.target_ms:g} ms target; the stage stops here"
-                        )
-                        break
-            finally:
-                items.close()  # a generator stage stops here, its cleanup runs
-                record.stage_seconds[spec.name] = time.monotonic() - t_stage
-            if produced == 0 and not any(r.stage == spec.name for r in record.records):
-                record.add(
-                    StageRecord(spec.name, spec.name, Status.SKIPPED, "the stage produced no candidate")
-                )
-            if self.request.stop_at_target and not stop_reason and self._target_met(self.best_alone, True):
+            runners_up += self._run_stage(evaluator, opened, t_stage)
+            if not stop_reason and self._stop_at_target(best):
                 stop_reason = f"target met with 95% confidence after {spec.name} (--stop-at-target)"
         if not stop_reason:
             self._runoff(evaluator, runners_up)
 
-    def _unmeasured_reason(self, ctx: StageContext, produced: int) -> str:
-        """Why the stage's next candidate is left unmeasured ("" when it is measured)."""
-        left = self._time_left()
-        if left is not None and left <= 0:
-            return "the --time-budget was used up before it could be measured"
-        short = self._too_little_time()
-        if short:
-            return short
-        share_deadline = ctx.deadline if self._deadline is not None else None
-        if judge.share_used_up(share_deadline, time.monotonic(), produced - 1):
-            return "the stage's share of the --time-budget was used up before it could be measured"
-        return ""
+    def _run_stage(
+        self, evaluator: Evaluator, run: StageRun, t_stage: float
+    ) -> list[tuple[StageSpec, Candidate, StageRecord]]:
+        """Evaluate the stage's candidates as it yields them, until it ends, its share of the
+        budget is spent or the target it runs for is met. Returns the accurate candidates it lost
+        with (the runoff's runners-up)."""
+        record, spec, ctx = self.record, run.spec, run.ctx
+        runners_up: list[tuple[StageSpec, Candidate, StageRecord]] = []
+        produced = 0
+        candidates = run.candidates()
+        try:
+            for cand in candidates:
+                produced += 1
+                why = self.budget.unmeasured_reason(ctx.deadline, produced)
+                if why:
+                    record.add(StageRecord(spec.name, cand.label, Status.SKIPPED, why, details=cand.details))
+                    break
+                row = self._evaluate_and_adopt(evaluator, spec, cand, t_stage)
+                ctx.outcomes[cand.label] = row.outcome()
+                if row.status == Status.KEPT:
+                    ctx.best_latency_ms = evaluator.best.alone_ms(self.metric)
+                elif row.outcome() == Outcome.SLOWER:
+                    runners_up.append((spec, cand, row))
+                best_ms = evaluator.best.alone_ms(self.metric)
+                if judge.search_done(spec, self.request.target_ms, best_ms):
+                    record.log(
+                        f"{spec.name}: the best {self.metric} ({best_ms:.3f} ms, measured "
+                        f"alone) meets the {self.request.target_ms:g} ms target; the stage stops here"
+                    )
+                    break
+        finally:
+            candidates.close()  # a generator stage stops here, its cleanup runs
+            if run.ended is not None:  # a failure, or a skip raised once it ran
+                run.ended.elapsed_s = time.monotonic() - t_stage
+                record.add(run.ended)
+            record.stage_seconds[spec.name] = time.monotonic() - t_stage
+        if produced == 0 and not any(r.stage == spec.name for r in record.records):
+            record.add(StageRecord(spec.name, spec.name, Status.SKIPPED, "the stage produced no candidate"))
+        return runners_up
 
     def _evaluate_and_adopt(
         self, evaluator: Evaluator, spec: StageSpec, cand: Candidate, t_stage: float
@@ -312,13 +259,7 @@ class Pipeline:
         row.elapsed_s = time.monotonic() - t_stage
         self.record.add(row)
         if worker is not None and row.speedup is not None:  # kept: the worker is now the best's
-            evaluator.best.adopt(cand, worker, row.speedup, accuracy)
-            self.record.became_best(cand.label)
-            self.record.status(f"{cand.label}: measuring alone, for the target")
-            self.best_alone = evaluator.measure_alone(cand, worker)
-            self.record.results.append(
-                {**self.best_alone.to_json(), "label": f"{cand.label} (alone, for the target)"}
-            )
+            evaluator.adopt(cand, worker, row, accuracy)
         elif worker is not None:
             worker.close()
         return row
@@ -340,107 +281,34 @@ class Pipeline:
         close = judge.runoff_candidates(unmet, best.candidate, best.speedup)
         by_label = {cand.label: spec for spec, cand, _ in runners_up}
         for cand in close:
-            left = self._time_left()
-            if (left is not None and left <= 0) or self._too_little_time():
+            if self.budget.used_up() or self.budget.too_little_time():
                 break
             self.record.log(f"runoff: {cand.label} against {best.candidate.label}, side by side")
             self._evaluate_and_adopt(evaluator, by_label[cand.label], cand, time.monotonic())
 
-    # -- helpers --------------------------------------------------------------------------------
+    # -- the rules that skip a stage or stop the search ------------------------------------------
 
-    def _latency(self, measurement: Measurement, figure: float | None = None) -> dict[str, float]:
-        """p50 and p99 of a measurement's runs; at the target percentile `figure` when given (a
-        comparison's figure for the side, from the block pairs its ratio comes from)."""
-        lat = measurement.latency
-        value = lat[self.metric] if figure is None else figure
-        return {"p50": lat["p50"], "p99": lat["p99"], self.metric: value}
+    def _stop_at_target(self, best: BestSoFar) -> bool:
+        """--stop-at-target: whether the best, measured alone, meets the target with confidence."""
+        if not self.request.stop_at_target or best.alone is None:
+            return False
+        return judge.target_met(best.alone.samples_ms, self.metric, self.request.target_ms, confident=True)
 
-    def _side_interval(self, comparison: Comparison, side: str) -> tuple[float, float]:
-        """The 95% interval of side "a" (the baseline) or "b" (the artifact)'s figure in the final
-        comparison, from the same pairs as the figure."""
-        paired = comparison.paired
-        if paired is not None:
-            return paired.figure.a_ci95 if side == "a" else paired.figure.b_ci95
-        _, lo, hi = percentile_ci((comparison.a if side == "a" else comparison.b).samples_ms, self.metric)
-        return lo, hi
-
-    def _target_met(self, measurement: Measurement, confident: bool) -> bool:
-        return judge.target_met(measurement.samples_ms, self.metric, self.request.target_ms, confident)
-
-    def _time_left(self) -> float | None:
-        """Seconds of the --time-budget left for the search: what the end of the run (the final
-        comparison in fresh processes and writing the artifact) will take is kept back."""
-        if self._deadline is None:
-            return None
-        reserve = self._evaluator.end_cost_s(self._evaluator.best.candidate) if self._evaluator else 0.0
-        return self._deadline - time.monotonic() - reserve
-
-    def _too_little_time(self, stage_cost_s: float = 0.0) -> str:
-        """Why what is left of the --time-budget cannot fit one more candidate ("" when it can):
-        checking and timing one takes about evaluation_s here, and a measurement once begun runs
-        its least rounds whatever the budget. A stage about to start needs `stage_cost_s` too
-        (what it took in earlier runs: a quantizer's calibration cannot be cut short)."""
-        left = self._time_left()
-        if left is None or self._evaluator is None:
-            return ""
-        evaluation = self._evaluator.evaluation_s()
-        if left >= max(evaluation, stage_cost_s):
-            return ""
-        if stage_cost_s > evaluation:
-            return (
-                f"the --time-budget left for the search ({max(left, 0.0):.0f} s) is less than this "
-                f"stage took in earlier runs (about {stage_cost_s:.0f} s)"
-            )
-        return (
-            f"the --time-budget left for the search ({max(left, 0.0):.0f} s) is less than checking "
-            f"and timing a candidate takes here (about {evaluation:.0f} s)"
-        )
-
-    def _final_time_s(self) -> float | None:
-        """The final comparison's timing budget: the recipe's, or what is left of the --time-budget
-        once its processes' start and the artifact's write are counted, whichever is less."""
-        if self._deadline is None or self._evaluator is None:
-            return None
-        best = self._evaluator.best.candidate
-        overhead = self._evaluator.end_cost_s(best) - self.settings.max_time_s
-        left = self._deadline - time.monotonic() - overhead
-        return float(min(self.settings.max_time_s, max(left, FINAL_MIN_TIME_S)))
-
-    def _best_ms(self) -> float:
-        return float(self._latency(self.best_alone)[self.metric])
-
-    def _pre_skip_reason(self, spec: StageSpec, stop_reason: str, odds: order.Odds | None = None) -> str:
+    def _pre_skip_reason(
+        self, spec: StageSpec, stop_reason: str, best: BestSoFar, odds: order.Odds | None = None
+    ) -> str:
         reason = judge.pre_skip_reason(
             spec,
             self.request,
             self.recipe,
             stop_reason=stop_reason,
-            best_latency_ms=self._best_ms(),
-            time_left_s=self._time_left(),
+            best_latency_ms=best.alone_ms(self.metric),
+            time_left_s=self.budget.time_left(),
         )
         if reason or not spec.enabled:
             return reason
         # A stage with no record has a placeholder cost, not a measured one.
-        return self._too_little_time(odds.cost_s if odds is not None and odds.tried > 0 else 0.0)
-
-    def _load_stage(self, name: str) -> Stage | StageSkipped:
-        """The stage registered as `name`, loaded once (or why it cannot load)."""
-        if name not in self._loaded:
-            try:
-                self._loaded[name] = self.stage_factory(name)
-            except StageSkipped as exc:
-                self._loaded[name] = exc
-        return self._loaded[name]
-
-    @staticmethod
-    def _stage_weight(spec: StageSpec) -> float:
-        return float(spec.budget_s) if spec.budget_s else judge.DEFAULT_STAGE_WEIGHT_S
-
-    def _runnable_after(self, spec: StageSpec) -> list[StageSpec]:
-        """The stages after `spec` that are on and can load: those a --time-budget is shared with
-        (a runtime that is not installed reserves nothing)."""
-        later = [s for s, _ in self._remaining if s.name != spec.name]
-        return [s for s in later if s.enabled and not isinstance(self._load_stage(s.name), StageSkipped)]
+        return self.budget.too_little_time(odds.cost_s if odds is not None and odds.tried > 0 else 0.0)
 
     def _not_worth_reason(self, spec: StageSpec, odds: order.Odds, best: float) -> str:
         """Under the default time budget and the gain order, a stage not worth its time."""
@@ -448,313 +316,17 @@ class Pipeline:
             return ""
         return order.not_worth_reason(odds, best)
 
-    def _open_stage(
-        self, spec: StageSpec, evaluator: Evaluator, baseline: Baseline, workdir: Path
-    ) -> tuple[Stage, StageContext] | StageRecord:
-        """The stage and its context, or the record of why it does not run."""
-        record = self.record
-        record.status(f"{spec.name}: loading")
-        loaded = self._load_stage(spec.name)
-        if isinstance(loaded, StageSkipped):
-            return StageRecord(spec.name, spec.name, Status.SKIPPED, str(loaded) or "not available")
-        stage = loaded
-        stage_dir = workdir / spec.name
-        stage_dir.mkdir(parents=True, exist_ok=True)
-        now = time.monotonic()
-        deadline = now + spec.budget_s if spec.budget_s else None
-        left = self._time_left()
-        if left is not None:
-            later = [self._stage_weight(s) for s in self._runnable_after(spec)]
-            share = judge.stage_time_share(self._stage_weight(spec), later, left)
-            deadline = min(deadline, now + share) if deadline is not None else now + share
-            record.log(
-                f"{spec.name}: {share:.0f} s of the {left:.0f} s left in the --time-budget "
-                "(its share by the recipe's stage budgets)"
-            )
-
-        def note_point(label: str, status: str, reason: str, details: dict[str, Any]) -> None:
-            record.add(StageRecord(spec.name, label, Status(status), reason, details=details))
-
-        ctx = StageContext(
-            workdir=stage_dir,
-            original_model=Path(self.request.model_path).absolute(),
-            feeds=baseline.feeds,
-            options=dict(spec.options),
-            best_standard=evaluator.best.standard,
-            best_latency_ms=self._best_ms(),
-            target_ms=self.request.target_ms,
-            deadline=deadline,
-            check_accuracy=evaluator.check_accuracy,
-            log=lambda text: record.log(_named(spec.name, text)),
-            status=lambda text: record.status(_named(spec.name, text)),
-            note_point_fn=note_point,
-            warn_fn=lambda text: record.warn(_named(spec.name, text)),
-        )
-        try:
-            reason = stage.skip_reason(evaluator.best.of_runtime(stage_runtime(spec.name)), ctx)
-        except Exception as exc:
-            return self._stage_failure(spec, exc)
-        if reason:
-            return StageRecord(spec.name, spec.name, Status.SKIPPED, reason)
-        return stage, ctx
-
-    def _stage_items(
-        self, spec: StageSpec, stage: Stage, best: Candidate, ctx: StageContext
-    ) -> Generator[Candidate | StageRecord, None, None]:
-        """The stage's candidates as it yields them, each step run in its scratch directory; an
-        exception ends the stage as one record and keeps what was already yielded."""
-        workdir = ctx.workdir
-        self.record.status(f"{spec.name}: running")
-        produced: Iterator[Candidate] | None = None
-        try:
-            # Some libraries write side files into the current directory (onnxruntime.quantization
-            # names external data "<uuid>.data" there): keep them in the stage's scratch space.
-            with _working_directory(workdir):
-                if stage.isolated:
-                    produced = iter(run_in_child(stage, best, ctx))
-                else:
-                    produced = iter(stage.run(best, ctx))
-            while True:
-                with _working_directory(workdir):
-                    cand = next(produced, None)
-                # A stage's native libraries may leave the signal stack unmapped (interrupts.py).
-                interrupts.ensure_signal_stack()
-                if cand is None:
-                    return
-                # A path relative to the stage's directory stays valid outside it.
-                cand.model_path = workdir / cand.model_path
-                cand.extra_files = [workdir / Path(f) for f in cand.extra_files]
-                yield cand
-        except StageSkipped as exc:
-            yield StageRecord(spec.name, spec.name, Status.SKIPPED, str(exc) or "does not apply")
-        except (KeyboardInterrupt, SystemExit, MetricError):
-            raise
-        except MemoryError:
-            yield StageRecord(spec.name, spec.name, Status.FAILED, "ran out of memory")
-        except Exception as exc:
-            yield self._stage_failure(spec, exc)
-        finally:
-            close = getattr(produced, "close", None)
-            if close is not None:
-                with _working_directory(workdir):
-                    close()
-
-    def _stage_failure(self, spec: StageSpec, exc: BaseException) -> StageRecord:
-        """A model a stage cannot handle, or a library that fails on it, must not end the run:
-        record it and go on. A programming error raised in lto's own code is raised: recorded as
-        a "failed" row, a bug would pass for a limit of the model (the partial report says where
-        the run stopped)."""
-        if isinstance(exc, (KeyboardInterrupt, SystemExit, MetricError)) or _own_programming_error(exc):
-            raise exc
-        tb = traceback.extract_tb(exc.__traceback__)
-        where = f"{Path(tb[-1].filename).name}:{tb[-1].lineno}" if tb else ""
-        where = getattr(exc, "where", None) or where  # an isolated stage says where it raised
-        details = {"exception": type(exc).__name__, "where": where, "error_text": full_text(exc)}
-        return StageRecord(spec.name, spec.name, Status.FAILED, first_line(exc), details=details)
-
     # -- the end --------------------------------------------------------------------------------
 
     def _finish(self, evaluator: Evaluator, baseline: Baseline, base_meas: Measurement) -> PipelineResult:
-        record = self.record
-        state = evaluator.best
-        original = evaluator.original
-        best, best_accuracy, kept_chain = state.candidate, state.accuracy, state.kept_chain
-        final: dict[str, Any] | None = None
-        speedup, speedup_ci = 1.0, (1.0, 1.0)
-        value: float | None = None
-        lo_v = hi_v = 0.0
-        if best is not original:
-            record.status(f"final: {best.label} against the baseline, fresh processes")
-            comparison = evaluator.measure_artifact(best, max_time_s=self._final_time_s())
-            final = comparison.to_json()
-            lo, hi = comparison.ratio_ci95
-            speedup, speedup_ci = 1.0 / comparison.ratio, (1.0 / hi, 1.0 / lo)
-            base_ms, art_ms = comparison.side_ms
-            # One figure for the artifact: its row, the baseline's row, the headline and the target
-            # verdict all read this measurement.
-            row = next(
-                r for r in reversed(record.records) if r.label == best.label and r.status == Status.KEPT
-            )
-            row.reason = (
-                f"{speedup:.2f}x (95% CI {speedup_ci[0]:.2f}–{speedup_ci[1]:.2f}) in the final comparison; "
-                f"kept in the search: {row.reason}"
-            )
-            row.speedup, row.speedup_ci95 = speedup, speedup_ci
-            row.latency_ms = self._latency(comparison.b, art_ms)
-            row.baseline_ms = base_ms
-            row.modes = judge.modes_of(comparison, "ONNX Runtime defaults", best.label)
-            row.details["final"] = final
-            base_row = record.records[0]
-            base_row.latency_ms = self._latency(comparison.a, base_ms)
-            base_row.baseline_ms = base_ms
-            base_row.reason = (
-                "original model, ONNX Runtime default settings; measured beside the artifact in its "
-                "final comparison"
-            )
-            record.results += [
-                {**comparison.a.to_json(), "label": "baseline (final comparison)"},
-                {**comparison.b.to_json(), "label": f"{best.label} (final comparison)"},
-            ]
-            value, (lo_v, hi_v) = art_ms, self._side_interval(comparison, "b")
-            record.log(final_line(best.label, self.metric, comparison, speedup, speedup_ci, row.modes))
-            if judge.original_wins_final(comparison):
-                record.warnings.append(
-                    f"{best.label} measured slower than the baseline side by side "
-                    f"(speedup {speedup:.2f}x, CI {speedup_ci[0]:.2f}–{speedup_ci[1]:.2f}); "
-                    "the artifact is the original model"
-                )
-                self._revert(best.label, speedup, speedup_ci)
-                best, kept_chain = original, []
-                speedup, speedup_ci = 1.0, (1.0, 1.0)
-                # the original ships: its figure is the baseline's in the same measurement
-                value, (lo_v, hi_v) = base_ms, self._side_interval(comparison, "a")
-
-        if value is None:  # the original was the best all along: the baseline measured alone
-            value, lo_v, hi_v = percentile_ci(base_meas.samples_ms, self.metric)
-        verdict, exit_code, met = judge.target_verdict(value, self.request.target_ms, self.metric)
-        unverified = judge.unverified_faster(record.records, speedup)
-        verdict, exit_code = judge.final_exit(
-            exit_code, verdict, unverified, target_ms=self.request.target_ms,
-            baseline_ms=(record.records[0].latency_ms or {}).get(self.metric),
-            fail_on_unverified=self.request.fail_on_unverified,
-        )  # fmt: skip
-        best_numerics = (
-            "exact"
-            if best is original
-            else next(
-                (r.numerics for r in reversed(record.records) if r.label == best.label and r.numerics),
-                numerics(best.precision, False, False),
-            )
-        )
-        if best is original:
-            best_accuracy = evaluator.reference_accuracy()
-        # The thresholds and metrics go with the figures into the report and the manifest.
-        accuracy = {
-            **accuracy_json(best_accuracy),
-            "thresholds": self.recipe.accuracy.to_json(),
-            "metrics": {name: choice.to_json() for name, choice in baseline.choices.items()},
-            "sample_source": baseline.rows.source,
-            "rows": baseline.rows.purposes,
-            "evidence": baseline.evidence.to_json(),
-        }
-        figures = FinalFigures(
-            best=best,
-            accuracy=accuracy,
-            kept_chain=kept_chain,
-            speedup=speedup,
-            speedup_ci=speedup_ci,
-            final_comparison=final,
-            best_ms=value,
-            best_ms_ci=(lo_v, hi_v),
-            verdict=verdict,
-            exit_code=exit_code,
-            met=met,
-            numerics=best_numerics,
-            unverified=self._unverified_section(baseline, unverified),
-            time_to_best_s=record.best_at[best.label],
-            efficiency=self._efficiency(baseline, value, best.precision),
-        )
-        report = optimize_report(record, figures)
-        section = report["optimize"]
-        record.status(f"writing the artifact to {record.out_dir}")
-        write_artifact(
-            record.out_dir,
-            candidate=best,
-            input_spec=baseline.input_spec.to_json(),
-            outputs=baseline.outputs_spec,
-            history=[r.to_json() for r in record.records],
-            accuracy=section["accuracy"],
-            chain_details=kept_chain,
-            report=report,
-            report_md=render_markdown(report),
-            extra={
-                "source_model": report["model"],
-                "target": section["target"],
-                "speedup": speedup,
-                "speedup_ci95": list(speedup_ci),
-                "recipe": self.recipe.name,
-                "numerics": best_numerics,
-                "lifted": section["best"]["lifted"],
-            },
-            report_writer=write_report,
-            force=self.request.force,
-        )
-        partial_report_path(record.out_dir).unlink(missing_ok=True)
-        order.append_history(self.history, self.fingerprint, self._stage_runs(best, original, speedup))
-        return PipelineResult(report, record.records, best, exit_code, record.out_dir, verdict)
-
-    def _efficiency(self, baseline: Baseline, latency_ms: float, precision: str) -> dict[str, Any] | None:
-        """The artifact's G ops/s against the machine's measured rate; None where either is unknown
-        (rates off, dynamic dims): a figure for the report, never a reason for a run to fail."""
-        if self.peaks is None or baseline.external_data:
-            return None
-        shapes = {name: tuple(array.shape) for name, array in baseline.feeds.items()}
-        try:
-            flops = model_flops(baseline.model_path, shapes)
-        except Exception:  # an uncountable graph costs the report one line, nothing more
-            return None
-        return peaks.efficiency(flops, latency_ms, precision, self.peaks) if flops else None
-
-    def _stage_runs(self, best: Candidate, original: Candidate, speedup: float) -> list[order.StageRun]:
-        """What each stage that measured or failed did in this run, for the history: whether it
-        won, and every candidate it measured with its speedup and verdict."""
-        record = self.record
-        winner = next(
-            (r.stage for r in reversed(record.records) if r.label == best.label and r.status == "kept"), None
-        )
-        ran = {r.stage for r in record.records if r.status not in (Status.SKIPPED, Status.BASELINE)}
-        shipped = speedup if best is not original else 1.0
-        runs = []
-        for name, seconds in record.stage_seconds.items():
-            if name not in ran:
-                continue
-            rows = [r for r in record.records if r.stage == name and r.status != Status.SKIPPED]
-            measured = tuple((r.label, r.speedup, r.outcome().value) for r in rows)
-            unverified = [r.speedup for r in rows if r.status == Status.UNVERIFIED and r.speedup]
-            fastest = max(unverified, default=None)
-            runs.append(
-                order.StageRun(
-                    kind=record.model_kind,
-                    cpu=self.cpu,
-                    stage=name,
-                    ran_s=seconds,
-                    won=best is not original and name == winner,
-                    gain=speedup if best is not original and name == winner else None,
-                    measured=measured,
-                    unverified_gain=fastest if fastest is not None and fastest > shipped else None,
-                )
-            )
-        return runs
-
-    def _unverified_section(
-        self, baseline: Baseline, candidates: list[dict[str, Any]]
-    ) -> dict[str, Any] | None:
-        """The faster candidates left out, what data would verify them, and the command."""
-        if not candidates:
-            return None
-        return {
-            "candidates": candidates,
-            "why": baseline.evidence.why_not(),
-            "needs": baseline.evidence.needs(),
-            "command": self.request.verify_command(),
-        }
-
-    def _revert(self, best_label: str, speedup: float, speedup_ci: tuple[float, float]) -> None:
-        """The final comparison sent the original back: every kept row says so, in the table and
-        as a streamed line, and so does every skip that was decided on a reverted candidate."""
-        why = (
-            f"reverted: side by side with the original, {best_label} measured "
-            f"{speedup:.2f}x (CI {speedup_ci[0]:.2f}–{speedup_ci[1]:.2f})"
-        )
-        records = self.record.records
-        kept = {r.label for r in records if r.status == Status.KEPT}
-        for row in records:
-            if row.status == Status.KEPT:
-                row.status = Status.REVERTED
-                row.reason = f"{why}; it had been kept: {row.reason}"
-                self.record.progress.record(row)
-            elif row.status == Status.SKIPPED and row.details.get("decided_on") in kept:
-                row.reason += f" (decided on {row.details['decided_on']}, which was reverted)"
+        final = FinalStep(self.record, evaluator, baseline, self.peaks)
+        headline = final.headline(base_meas, self.budget.final_time_s(self.settings.max_time_s))
+        result = final.write(final.figures(headline), self.recipe.name)
+        shipped = headline.best is not evaluator.original
+        winner = evaluator.best.row.stage if shipped and evaluator.best.row is not None else None
+        runs = order.stage_runs(self.record, self.cpu, winner, headline.speedup if shipped else 1.0)
+        order.append_history(self.history, self.fingerprint, runs)
+        return result
 
 
 def optimize(

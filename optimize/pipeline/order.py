@@ -36,7 +36,9 @@ from typing import Any
 
 from optimize.errors import UsageError
 from optimize.files import cache_root
+from optimize.pipeline.record import RunRecord
 from optimize.recipes import StageSpec, recipes_dir
+from optimize.stage import Status
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -142,6 +144,35 @@ class StageRun:
                 "measured": [{"label": label, "speedup": None if speedup is None else round(speedup, 4),
                               "verdict": verdict} for label, speedup, verdict in self.measured],
                 "unverified_gain": self.unverified_gain}  # fmt: skip
+
+
+def stage_runs(record: RunRecord, cpu: str, winner: str | None, shipped_speedup: float) -> list[StageRun]:
+    """What each stage that measured or failed did in a finished run, for the history: whether it
+    won (`winner`: the stage whose candidate ships, None when the original does) and every
+    candidate it measured with its speedup and verdict."""
+    ran = {r.stage for r in record.records if r.status not in (Status.SKIPPED, Status.BASELINE)}
+    runs = []
+    for name, seconds in record.stage_seconds.items():
+        if name not in ran:
+            continue
+        rows = [r for r in record.records if r.stage == name and r.status != Status.SKIPPED]
+        measured = tuple((r.label, r.speedup, r.outcome().value) for r in rows)
+        unverified = [r.speedup for r in rows if r.status == Status.UNVERIFIED and r.speedup]
+        fastest = max(unverified, default=None)
+        won = name == winner
+        runs.append(
+            StageRun(
+                kind=record.model_kind,
+                cpu=cpu,
+                stage=name,
+                ran_s=seconds,
+                won=won,
+                gain=shipped_speedup if won else None,
+                measured=measured,
+                unverified_gain=fastest if fastest is not None and fastest > shipped_speedup else None,
+            )
+        )
+    return runs
 
 
 def load_priors(path: Path | None = None) -> list[dict[str, Any]]:
@@ -302,4 +333,5 @@ __all__ = [
     "plan_line",
     "rank",
     "read_history",
+    "stage_runs",
 ]

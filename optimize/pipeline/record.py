@@ -1,8 +1,9 @@
 """The record of one `lto optimize` run: what was measured and decided, kept apart from the code
 that runs it (the loop writes it; `summary` builds the reports from it and from nothing else).
 
-A row's state is an enum, never a sentence: `Status` is what the table shows, `Outcome`
-(optimize.stage) what a searching stage learns about its candidate. Reasons only explain them.
+A row's state is an enum, never a sentence: `Status` is what the table shows, `Outcome` what a
+searching stage learns about its candidate (both in optimize.stage, where stages read and name
+them too). Reasons only explain them.
 Warnings have their own channel: a log line is never promoted to a warning by its wording.
 """
 
@@ -13,28 +14,44 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from optimize.data import InputSpec
 from optimize.pipeline.request import OptimizeRequest
 from optimize.recipes import Recipe
-from optimize.stage import Outcome, TextEnum
+from optimize.stage import Outcome, Status
+
+if TYPE_CHECKING:
+    from optimize.bench import Measurement
 
 
-class Status(TextEnum):
-    """A row of the final table (a str, so reports and comparisons read it as its value)."""
+@dataclass(frozen=True)
+class Figures:
+    """What a row shows of the side-by-side measurement its candidate was judged on: every figure
+    from the one comparison, so none is a product of ratios (pipeline/judge.judge_candidate)."""
 
-    BASELINE = "baseline"
-    KEPT = "kept"
-    REJECTED = "rejected"
-    SKIPPED = "skipped"
-    FAILED = "failed"
-    # kept, then sent back by the final side-by-side comparison with the original
-    REVERTED = "reverted"
-    # reduced or quantized, measured faster, but the rows could not verify its accuracy: never shipped
-    UNVERIFIED = "unverified"
+    latency_ms: dict[str, float]  # the candidate's p50, p99 and the target percentile
+    versus: dict[str, Any]  # the best so far it was measured against: its label and latency_ms
+    ratio: float  # metric(candidate) / metric(best so far)
+    ratio_ci95: tuple[float, float]
+    speedup: float | None  # over the baseline, in the same run
+    speedup_ci95: tuple[float, float] | None
+    baseline_ms: float
+    metric: str
+    modes: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the judge decided about a candidate (pipeline/judge.py): the row's status, why, and the
+    figures the decision read. The judge returns it; the evaluator records it (StageRecord.take)."""
+
+    status: Status
+    reason: str
+    figures: Figures | None = None  # None: decided before any timing (its outputs)
+    inaccurate: bool = False  # rejected for its outputs, not its speed
 
 
 @dataclass
@@ -73,6 +90,17 @@ class StageRecord:
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)
+
+    def take(self, decision: Decision) -> None:
+        """The judge's decision becomes this row's status, reason and figures."""
+        self.status, self.reason, self.inaccurate = decision.status, decision.reason, decision.inaccurate
+        figures = decision.figures
+        if figures is None:
+            return
+        self.latency_ms, self.versus, self.metric = figures.latency_ms, figures.versus, figures.metric
+        self.ratio, self.ratio_ci95 = figures.ratio, figures.ratio_ci95
+        self.speedup, self.speedup_ci95 = figures.speedup, figures.speedup_ci95
+        self.baseline_ms, self.modes = figures.baseline_ms, figures.modes
 
     def outcome(self) -> Outcome:
         """What a searching stage learns about this candidate."""
@@ -189,10 +217,31 @@ class RunRecord:
     def became_best(self, label: str) -> None:
         self.best_at[label] = self.elapsed_s()
 
+    def revert_kept(self, why: str) -> None:
+        """The final comparison sent the original back (`why`): every kept row says so, in the
+        table and as a streamed line, and so does every skip decided on a reverted candidate."""
+        kept = {r.label for r in self.records if r.status == Status.KEPT}
+        for row in self.records:
+            if row.status == Status.KEPT:
+                row.status = Status.REVERTED
+                row.reason = f"{why}; it had been kept: {row.reason}"
+                self.progress.record(row)
+            elif row.status == Status.SKIPPED and row.details.get("decided_on") in kept:
+                row.reason += f" (decided on {row.details['decided_on']}, which was reverted)"
+
     def all_warnings(self) -> list[str]:
         """The run's warnings, then the inputs' (padding, generated scalars)."""
         extra = list(self.input_spec.warnings) if self.input_spec is not None else []
         return self.warnings + [w for w in extra if w not in self.warnings]
+
+
+def latency_figures(measurement: Measurement, metric: str, figure: float | None = None) -> dict[str, float]:
+    """What a row shows of a measurement: p50 and p99 of its runs, and its figure at the target
+    percentile `metric` (`figure` when given: a comparison's figure for the side, from the block
+    pairs its ratio comes from)."""
+    lat = measurement.latency
+    value = lat[metric] if figure is None else figure
+    return {"p50": lat["p50"], "p99": lat["p99"], metric: value}
 
 
 def json_safe(value: Any) -> Any:
@@ -213,4 +262,4 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
-__all__ = ["Outcome", "Progress", "RunRecord", "StageRecord", "Status", "json_safe"]
+__all__ = ["Decision", "Figures", "Progress", "RunRecord", "StageRecord", "json_safe", "latency_figures"]

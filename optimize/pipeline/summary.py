@@ -15,11 +15,11 @@ from typing import Any
 from optimize.bench import Comparison
 from optimize.errors import UsageError, first_line
 from optimize.files import write_json_atomic
-from optimize.pipeline.record import RunRecord, StageRecord, Status, json_safe
+from optimize.pipeline.record import RunRecord, StageRecord, json_safe
 from optimize.pipeline.request import partial_report_path
 from optimize.render.optimize_section import accuracy_cell
 from optimize.report import new_report, write_report
-from optimize.stage import Candidate
+from optimize.stage import Candidate, Status
 from optimize.system import interrupts
 
 

@@ -21,10 +21,10 @@ from optimize.pipeline.request import apply_overrides, choose_recipe, parse_accu
 from optimize.recipes import Recipe
 from optimize.report import load_report
 from optimize.stage import Candidate, Stage, StageContext
+from tests.accuracy.test_accuracy import make_head_model
 from tests.cli_helpers import run_cli
 from tests.conftest import make_matmul_model
 from tests.pipeline.test_pipeline import FakeBench, FakeStage, by_label, model_candidate, write_recipe
-from tests.test_accuracy import make_head_model
 
 
 def run_on(
@@ -178,7 +178,7 @@ def test_calib_data_is_checked_before_any_stage_and_unused_modes_are_warned(tmp_
 
 def test_calib_data_rows_off_axis_zero_are_restacked_for_the_quantize_stage(tmp_path: Path) -> None:
     from optimize.runtimes.quantization import load_calibration
-    from tests.test_inputs import make_state_model
+    from tests.data.test_inputs import make_state_model
 
     model = make_state_model(tmp_path / "vad.onnx")
     x = np.random.default_rng(4).standard_normal((16, 4)).astype(np.float32)

@@ -14,15 +14,15 @@ import pytest
 
 from optimize.errors import UsageError
 from optimize.pipeline import order
-from optimize.pipeline.evaluate import BestSoFar
 from optimize.pipeline.request import DEFAULT_TIME_BUDGET_S, OptimizeRequest
 from optimize.recipes import StageSpec
-from optimize.stage import Candidate
+from optimize.stage import Status
 from optimize.system.env import MACHINE_CLASSES, cpu_class, cpu_isa_flags
 from optimize.units import limit_parser
 from tests.cli_helpers import run_cli
 from tests.conftest import make_matmul_model
 from tests.pipeline.test_pipeline import FakeStage, by_label, model_candidate, run_fake, write_recipe
+from tests.pipeline.values import row, run_record
 
 PRIORS = [
     {"kind": "transformer", "cpu": "bf16", "stage": "openvino-convert", "tried": 3, "won": 3, "gain": 2.8,
@@ -116,24 +116,6 @@ def test_the_committed_prior_reads_and_names_known_stages() -> None:
     assert {row["stage"] for row in rows} <= set(stage_infos())
     assert {row["cpu"] for row in rows} <= set(MACHINE_CLASSES)
     assert all(0 <= row["won"] <= row["tried"] and row["cost_s"] > 0 for row in rows)
-
-
-def test_a_stage_starts_from_its_own_runtimes_best(tmp_path: Path) -> None:
-    original = Candidate(label="baseline", model_path=tmp_path / "m.onnx")
-    best = BestSoFar(original)
-    ir = Candidate(label="openvino-convert:bf16", model_path=tmp_path / "m.xml", backend="openvino")
-    best.adopt(ir, worker=_Closed(), speedup=2.5, accuracy=best.accuracy)
-    assert best.candidate is ir
-    assert best.of_runtime("onnxruntime") is original  # not an IR it cannot read
-    assert best.of_runtime("openvino") is ir and best.of_runtime("tvm") is ir
-    fused = Candidate(label="operator-fusion", model_path=tmp_path / "f.onnx")
-    best.adopt(fused, worker=_Closed(), speedup=2.6, accuracy=best.accuracy)
-    assert best.of_runtime("onnxruntime") is fused and best.of_runtime("openvino") is ir
-
-
-class _Closed:
-    def close(self) -> None:
-        pass
 
 
 def test_a_candidate_that_cannot_win_is_no_longer_timed(tmp_path: Path) -> None:
@@ -280,3 +262,24 @@ def test_a_class_without_rows_is_ordered_by_the_nearest_class_but_never_skipped_
     own = [*priors, {"kind": "cnn", "cpu": "bf16", "stage": "memory-layout", "tried": 2, "won": 2,
                      "gain": 1.9, "cost_s": 10}]  # fmt: skip
     assert order.odds_for("memory-layout", "cnn", "bf16", own, []).source == "corpus"
+
+
+def test_what_each_stage_did_goes_into_the_history(tmp_path: Path) -> None:
+    record = run_record(tmp_path)
+    record.records += [
+        row("baseline", Status.BASELINE, speedup=1.0),
+        row("fuse", Status.KEPT, stage="fuse", speedup=1.4),
+        row("quantize:a", Status.UNVERIFIED, stage="quantize", speedup=2.0),
+        row("quantize:b", Status.REJECTED, stage="quantize", speedup=1.1, inaccurate=True),
+        row("quantize:c", Status.SKIPPED, stage="quantize"),
+        row("tvm-tune", Status.SKIPPED, stage="tvm-tune"),
+    ]
+    record.stage_seconds = {"fuse": 3.0, "quantize": 20.0, "tvm-tune": 0.1}
+    runs = {run.stage: run for run in order.stage_runs(record, "avx2", winner="fuse", shipped_speedup=1.4)}
+    assert set(runs) == {"fuse", "quantize"}  # a stage that only skipped taught nothing
+    assert runs["fuse"].won and runs["fuse"].gain == 1.4 and runs["fuse"].measured == (("fuse", 1.4, "kept"),)
+    quantize = runs["quantize"]
+    assert not quantize.won and quantize.gain is None
+    assert quantize.measured == (("quantize:a", 2.0, "unverified"), ("quantize:b", 1.1, "inaccurate"))
+    assert quantize.unverified_gain == 2.0  # faster than what shipped: it must not count against the stage
+    assert order.stage_runs(record, "avx2", winner=None, shipped_speedup=2.5)[1].unverified_gain is None

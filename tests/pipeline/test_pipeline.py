@@ -941,7 +941,7 @@ def test_a_runtime_failure_keeps_its_cause_in_the_reason_and_its_whole_text_in_t
 
 
 def test_a_stage_line_names_the_stage_once() -> None:
-    from optimize.pipeline.loop import _named
+    from optimize.pipeline.stage_run import _named
 
     # "openvino-convert: openvino-convert:bf16: inaccurate ..." named the stage twice.
     assert (

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from optimize.stage import Outcome
+
 if TYPE_CHECKING:
     import onnx
 
@@ -130,7 +132,7 @@ def search_space(
     return points
 
 
-def dominated_reason(point: QuantPoint, tried: Mapping[QuantPoint, str], explicit: bool = False) -> str:
+def dominated_reason(point: QuantPoint, tried: Mapping[QuantPoint, Outcome], explicit: bool = False) -> str:
     """Why `point` cannot beat what was tried ("" when it is worth trying). `tried` maps earlier
     points to their outcome: kept | slower | unverified | inaccurate | failed (StageContext.outcomes).
     `explicit`: the recipe asked for exactly this family, so only outright duplicates are skipped."""
@@ -139,12 +141,12 @@ def dominated_reason(point: QuantPoint, tried: Mapping[QuantPoint, str], explici
         # The same quantization with attention fused after: a speed variant of its unfused twin.
         unfused = QuantPoint(point.mode, point.scope, point.per_channel, point.calibration)
         outcome = tried.get(unfused)
-        if outcome in ("inaccurate", "failed"):
+        if outcome in (Outcome.INACCURATE, Outcome.FAILED):
             return f"the same quantization without fusion ({unfused.label}) was {outcome}"
         return ""
     if not point.per_channel:
         twin = next((o for p, o in tried.items() if p == _per_channel_twin(point)), None)
-        if twin is not None and twin != "failed" and not explicit:
+        if twin is not None and twin != Outcome.FAILED and not explicit:
             return (
                 f"per-tensor weights run the same kernels as {_per_channel_twin(point).label} ({twin}) "
                 "and are less accurate"
@@ -152,13 +154,13 @@ def dominated_reason(point: QuantPoint, tried: Mapping[QuantPoint, str], explici
         return ""
     if explicit:
         return ""
-    decided = [(p, o) for p, o in same_kernels if o in ("kept", "slower", "unverified")]
+    decided = [(p, o) for p, o in same_kernels if o in (Outcome.KEPT, Outcome.SLOWER, Outcome.UNVERIFIED)]
     if decided:
         p, outcome = decided[0]
         what = {
-            "kept": "was kept",
-            "slower": "was accurate but not faster than the best",
-            "unverified": "was measured but could not be verified on the data given",
+            Outcome.KEPT: "was kept",
+            Outcome.SLOWER: "was accurate but not faster than the best",
+            Outcome.UNVERIFIED: "was measured but could not be verified on the data given",
         }[outcome]
         return f"only the activation ranges differ from {p.label}, which {what}: it cannot be faster"
     return ""

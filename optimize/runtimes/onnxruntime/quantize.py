@@ -66,7 +66,7 @@ from optimize.runtimes.quantization import (
     calibration_samples,
     generated_calibration,
 )
-from optimize.stage import Candidate, OnnxRuntimeStage, StageContext, StageSkipped
+from optimize.stage import Candidate, OnnxRuntimeStage, Outcome, StageContext, StageSkipped, Status
 from optimize.system.env import cpu_isa_flags, has_vnni
 
 if TYPE_CHECKING:
@@ -244,7 +244,7 @@ class QuantizeStage(OnnxRuntimeStage):
         }
         search = _Search(self, candidate, ctx, source, common)
         explicit = bool(opts.get("points")) or requested != "auto"
-        tried: dict[QuantPoint, str] = {}
+        tried: dict[QuantPoint, Outcome] = {}
         # "Nothing to quantize" on every point is one skip of the stage, not a row per point.
         nothing: list[tuple[str, str, dict[str, Any]]] = []
         empty_scopes: dict[str, str] = {}
@@ -252,7 +252,7 @@ class QuantizeStage(OnnxRuntimeStage):
         for point in points:
             label = f"{self.name}:{point.label}"
             if ctx.deadline is not None and time.monotonic() >= ctx.deadline:
-                ctx.note_point(label, "skipped", "the stage budget was spent", point.to_json())
+                ctx.note_point(label, Status.SKIPPED, "the stage budget was spent", point.to_json())
                 continue
             expected = expected_point_s(point.calibration, spent)
             left = None if ctx.deadline is None else ctx.deadline - time.monotonic()
@@ -261,48 +261,48 @@ class QuantizeStage(OnnxRuntimeStage):
                     f"the stage budget left ({left:.0f} s) is less than this point is expected to take "
                     f"(about {expected:.0f} s, from the points before it)"
                 )
-                ctx.note_point(label, "skipped", why, point.to_json())
+                ctx.note_point(label, Status.SKIPPED, why, point.to_json())
                 continue
             if point.scope in empty_scopes:  # same op scope, same nothing to quantize
-                tried[point] = "failed"
+                tried[point] = Outcome.FAILED
                 nothing.append((label, empty_scopes[point.scope], point.to_json()))
                 continue
             if reason := dominated_reason(point, tried, explicit):
-                ctx.note_point(label, "skipped", reason, point.to_json())
+                ctx.note_point(label, Status.SKIPPED, reason, point.to_json())
                 continue
             started = time.monotonic()
             try:
                 found = search.point(point)
             except StageSkipped as exc:
-                tried[point] = "failed"
+                tried[point] = Outcome.FAILED
                 if str(exc).startswith(NOTHING_TO_QUANTIZE):
                     nothing.append((label, str(exc), point.to_json()))
                     empty_scopes.setdefault(point.scope, str(exc))
                 else:
-                    ctx.note_point(label, "skipped", str(exc), point.to_json())
+                    ctx.note_point(label, Status.SKIPPED, str(exc), point.to_json())
                 continue
             except (InputError, KeyboardInterrupt):
                 raise
             except Exception as exc:  # one failing point never ends the search
-                tried[point] = "failed"
+                tried[point] = Outcome.FAILED
                 line = exc.one_line() if isinstance(exc, LtoError) else message_line(exc)
                 ctx.log(f"{point.label} failed: {line}")
-                ctx.note_point(label, "failed", line, {**point.to_json(), **search.failure_details})
+                ctx.note_point(label, Status.FAILED, line, {**point.to_json(), **search.failure_details})
                 continue
             took = time.monotonic() - started
             spent[point.calibration] = max(spent.get(point.calibration, 0.0), took)
             if not found.result.ok:
-                tried[point] = "inaccurate"
+                tried[point] = Outcome.INACCURATE
                 tries = len(found.candidate.details.get("attempts", [])) - 1
                 why_not = f"inaccurate: {found.result.reason} (no back-off choice passed, {tries} tried)"
-                ctx.note_point(label, "rejected", why_not, found.candidate.details)
+                ctx.note_point(label, Status.REJECTED, why_not, found.candidate.details)
                 continue
             yield found.candidate
-            tried[point] = ctx.outcomes.get(found.candidate.label, "slower")
+            tried[point] = ctx.outcomes.get(found.candidate.label, Outcome.SLOWER)
         if nothing and len(nothing) == len(tried):
             raise StageSkipped(nothing[0][1])
         for label, reason, details in nothing:
-            ctx.note_point(label, "skipped", reason, details)
+            ctx.note_point(label, Status.SKIPPED, reason, details)
 
     @staticmethod
     def _points(

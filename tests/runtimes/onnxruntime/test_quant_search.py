@@ -16,6 +16,7 @@ from optimize.runtimes.onnxruntime.quant_search import (
     search_space,
     workaround_for,
 )
+from optimize.stage import Outcome
 
 
 def labels(points: list[QuantPoint]) -> list[str]:
@@ -55,22 +56,22 @@ def test_what_earlier_outcomes_make_not_worth_trying() -> None:
     percentile = QuantPoint("static", "conv-matmul", calibration="percentile")
     per_tensor = QuantPoint("static", "conv-matmul", per_channel=False, calibration="minmax")
     # Same kernels as an accurate point: other ranges cannot be faster.
-    assert "cannot be faster" in dominated_reason(percentile, {minmax: "slower"})
-    assert "cannot be faster" in dominated_reason(percentile, {minmax: "kept"})
+    assert "cannot be faster" in dominated_reason(percentile, {minmax: Outcome.SLOWER})
+    assert "cannot be faster" in dominated_reason(percentile, {minmax: Outcome.KEPT})
     # Measured but unverifiable on the data given: another calibration of the same kernels is too.
-    assert "could not be verified" in dominated_reason(percentile, {minmax: "unverified"})
+    assert "could not be verified" in dominated_reason(percentile, {minmax: Outcome.UNVERIFIED})
     # ... but they may be accurate where it was not.
-    assert dominated_reason(percentile, {minmax: "inaccurate"}) == ""
-    assert dominated_reason(percentile, {minmax: "failed"}) == ""
+    assert dominated_reason(percentile, {minmax: Outcome.INACCURATE}) == ""
+    assert dominated_reason(percentile, {minmax: Outcome.FAILED}) == ""
     # Per-tensor: only when the per-channel twin failed inside ONNX Runtime.
-    assert "less accurate" in dominated_reason(per_tensor, {minmax: "inaccurate"})
-    assert dominated_reason(per_tensor, {minmax: "failed"}) == ""
+    assert "less accurate" in dominated_reason(per_tensor, {minmax: Outcome.INACCURATE})
+    assert dominated_reason(per_tensor, {minmax: Outcome.FAILED}) == ""
     # Fusion after quantization: a speed variant, pointless when the unfused twin was inaccurate.
     dyn, mha = QuantPoint("dynamic", "matmul"), QuantPoint("dynamic", "matmul", fuse_after=True)
-    assert "was inaccurate" in dominated_reason(mha, {dyn: "inaccurate"})
-    assert dominated_reason(mha, {dyn: "slower"}) == ""
+    assert "was inaccurate" in dominated_reason(mha, {dyn: Outcome.INACCURATE})
+    assert dominated_reason(mha, {dyn: Outcome.SLOWER}) == ""
     # Points the recipe names explicitly are all tried.
-    assert dominated_reason(percentile, {minmax: "slower"}, explicit=True) == ""
+    assert dominated_reason(percentile, {minmax: Outcome.SLOWER}, explicit=True) == ""
 
 
 def test_known_failures_map_to_their_workaround_once() -> None:
