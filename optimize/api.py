@@ -19,6 +19,7 @@ from optimize.inputs import InputSpec, feeds_from_spec, parse_shape_args, split_
 from optimize.onnx_file import load_model
 from optimize.pipeline import OptimizeRequest, optimize
 from optimize.pipeline.request import DEFAULT_TIME_BUDGET_S
+from optimize.runtime_model import BASELINE_BACKEND
 from optimize.runtimes.backends import open_backend
 from optimize.units import NO_LIMIT_WORDS, parse_duration, parse_percentile_key
 
@@ -250,7 +251,7 @@ def load(artifact: str | Path) -> LoadedModel:
         raise UsageError(f"artifact not found: {path}", "give the directory lto optimize wrote")
 
     load_model(path, load_external_data=False)  # a clear error for a file that is not ONNX
-    return LoadedModel(open_backend("onnxruntime", path), None, [])
+    return LoadedModel(open_backend(BASELINE_BACKEND, path), None, [])
 
 
 __all__ = ["LoadedModel", "bench_model", "load", "optimize_model"]

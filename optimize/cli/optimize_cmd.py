@@ -26,6 +26,7 @@ from optimize.pipeline import OptimizeRequest, optimize
 from optimize.pipeline import Progress as Base
 from optimize.pipeline.request import DEFAULT_TIME_BUDGET_S, parse_accuracy_spec
 from optimize.render.terminal import optimize_row_line, render_optimize_summary
+from optimize.runtimes.registry import BASELINE_RUNTIME
 from optimize.task_metrics import METRICS
 from optimize.units import clock_text, limit_parser, percentile_key_parser
 
@@ -191,7 +192,7 @@ def optimize_command(
         "auto",
         "--runtime",
         help="CPU runtime of the candidates: auto (ONNX Runtime and OpenVINO, the faster accurate one "
-        "wins), onnxruntime, or openvino. The baseline is always the original on ONNX Runtime.",
+        f"wins), onnxruntime, or openvino. The baseline is always the original on {BASELINE_RUNTIME.title}.",
         metavar="RUNTIME",
         rich_help_panel=SEARCH,
     ),

@@ -32,7 +32,7 @@ from optimize.evidence import is_lossy, numerics
 from optimize.pipeline import judge
 from optimize.pipeline.baseline import Baseline
 from optimize.pipeline.record import RunRecord, StageRecord, Status
-from optimize.runtime_model import RuntimeModel
+from optimize.runtime_model import BASELINE_BACKEND, RuntimeModel
 from optimize.runtimes.backends import open_backend, open_in_worker
 from optimize.runtimes.registry import runtime_of_backend
 
@@ -151,7 +151,7 @@ class Evaluator:
         # what the final comparison's fresh processes will cost (end_cost_s).
         self.open_s: dict[str, float] = {}
         self.original = Candidate(
-            label="baseline", model_path=baseline.model_path, backend="onnxruntime", runtime_config={}
+            label="baseline", model_path=baseline.model_path, backend=BASELINE_BACKEND, runtime_config={}
         )
         self.best = BestSoFar(self.original)
         self._stack = ExitStack()
@@ -260,7 +260,7 @@ class Evaluator:
     def numerics_of(self, cand: Candidate, accuracy: AccuracyResult) -> str:
         """exact only for the original graph under session settings alone, seen bit for bit equal."""
         same_graph = (
-            cand.backend == "onnxruntime"
+            cand.backend == BASELINE_BACKEND
             and Path(cand.model_path).resolve() == Path(self.record.request.model_path).resolve()
             and set(cand.runtime_config) <= SESSION_ONLY_SETTINGS
             and cand.runtime_config.get("graph_optimization_level", "all") == "all"

@@ -50,7 +50,7 @@ from optimize.pipeline.summary import (
 from optimize.recipes import Recipe, StageSpec
 from optimize.render.markdown import render_markdown
 from optimize.report import write_report
-from optimize.runtimes.registry import stage_runtime
+from optimize.runtimes.registry import BASELINE_BACKEND, BASELINE_RUNTIME, stage_runtime
 from optimize.runtimes.stages import load_stage
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 from optimize.stats import percentile_ci
@@ -185,7 +185,7 @@ class Pipeline:
         prepared = prepare_inputs(record, model_path, workdir)
         # Absolute: stages run inside their scratch directory (see _stage_items).
         original = Candidate(label="baseline", model_path=model_path.absolute(), runtime_config={})
-        record.status("baseline: loading the original model on ONNX Runtime defaults")
+        record.status(f"baseline: loading the original model on {BASELINE_RUNTIME.title} defaults")
         t0 = time.monotonic()
         with open_candidate(original) as backend:
             baseline = prepare_baseline(record, original.model_path, prepared, backend)
@@ -205,14 +205,14 @@ class Pipeline:
                     stage="baseline",
                     label="baseline",
                     status=Status.BASELINE,
-                    reason="original model, ONNX Runtime default settings; measured alone at the start, "
-                    "for the search's target decisions (every speedup is measured side by side)",
+                    reason=f"original model, {BASELINE_RUNTIME.title} default settings; measured alone at "
+                    "the start, for the search's target decisions (every speedup is measured side by side)",
                     latency_ms=self._latency(base_meas),
                     speedup=1.0,
                     baseline_ms=self._latency(base_meas)[self.metric],
                     metric=self.metric,
                     accuracy={"ok": True, "reason": "reference", "per_output": {}, "worst": {}},
-                    backend="onnxruntime",
+                    backend=BASELINE_BACKEND,
                     runtime_config={},
                     precision="fp32",
                     elapsed_s=time.monotonic() - t0,
@@ -583,14 +583,14 @@ class Pipeline:
             row.speedup, row.speedup_ci95 = speedup, speedup_ci
             row.latency_ms = self._latency(comparison.b, art_ms)
             row.baseline_ms = base_ms
-            row.modes = judge.modes_of(comparison, "ONNX Runtime defaults", best.label)
+            row.modes = judge.modes_of(comparison, f"{BASELINE_RUNTIME.title} defaults", best.label)
             row.details["final"] = final
             base_row = record.records[0]
             base_row.latency_ms = self._latency(comparison.a, base_ms)
             base_row.baseline_ms = base_ms
             base_row.reason = (
-                "original model, ONNX Runtime default settings; measured beside the artifact in its "
-                "final comparison"
+                f"original model, {BASELINE_RUNTIME.title} default settings; measured beside the artifact "
+                "in its final comparison"
             )
             record.results += [
                 {**comparison.a.to_json(), "label": "baseline (final comparison)"},

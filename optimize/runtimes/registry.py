@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 
 from optimize.errors import UsageError
+from optimize.runtime_model import BASELINE_BACKEND
 from optimize.runtimes.spec import BackendInfo, RuntimeSpec, StageInfo
 
 # In the order a full recipe runs their stages.
@@ -64,7 +65,13 @@ def quantize_stages() -> tuple[str, ...]:
     return tuple(name for name, stage in stage_infos().items() if stage.quantizes)
 
 
+# The runtime the baseline runs on (optimize.runtime_model.BASELINE_BACKEND), for its title in help
+# texts and reports.
+BASELINE_RUNTIME: RuntimeSpec = runtime_of_backend(BASELINE_BACKEND)
+
 __all__ = [
+    "BASELINE_BACKEND",
+    "BASELINE_RUNTIME",
     "FOLDERS",
     "RUNTIMES",
     "backend_info",
