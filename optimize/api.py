@@ -60,7 +60,7 @@ def optimize_model(
     quantize, calib_data, shapes ({"input_ids": (1, 128)} or ["input_ids=1x128"]), input_data,
     eval_data, data (a folder of images, a text file, wav files) with preprocess and tokenizer,
     batch, force, time_budget ("10m" or seconds; default 2 minutes, None for the full search),
-    stop_at_target, fail_on_unverified, enable, disable, tvm_options,
+    stop_at_target, fail_on_unverified, enable, disable, stage_options ({stage: {option: value}}),
     seed. `output` defaults to reports/<model>-<time>/. The result has `artifact_dir`, `verdict`,
     `exit_code` (0 written and the target met or none given, 3 missed, 4 missed where an
     unverified candidate would meet it, or any left unverified with fail_on_unverified), `records` (one per
