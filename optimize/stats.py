@@ -47,8 +47,12 @@ BOOTSTRAP_MAX_SAMPLES = 5000
 def quantile_ci(
     data: np.ndarray, q: float, level: float = 0.95, resamples: int = 2000
 ) -> tuple[float, float]:
-    """95% interval of the q-th percentile (q in percent): a bootstrap on few samples, the
-    order-statistic interval (normal approximation of the binomial ranks) on many."""
+    """95% interval of the q-th percentile (q in percent). The median's is median_interval's, at
+    any size; another percentile's is a bootstrap on few samples and the order-statistic interval
+    (normal approximation of the binomial ranks) on many."""
+    if q == 50.0:
+        _, lo, hi = median_interval(data, level)
+        return lo, hi
     if data.size <= BOOTSTRAP_MAX_SAMPLES:
         return bootstrap_ci(data, stat=lambda x, axis=None: np.percentile(x, q, axis=axis), n=resamples)
     p, n = q / 100.0, data.size

@@ -16,6 +16,7 @@ from optimize.stats import (
     BOOTSTRAP_MAX_SAMPLES,
     bootstrap_ci,
     bootstrap_ratio_ci,
+    median_interval,
     median_interval_rel_width,
     quantile_ci,
     summarize,
@@ -164,9 +165,11 @@ def test_many_runs_get_an_order_statistic_interval_that_agrees_with_the_bootstra
         assert lo < np.percentile(many, q) < hi
         assert lo == pytest.approx(b_lo, rel=0.01) and hi == pytest.approx(b_hi, rel=0.01)
     assert summarize(many)["median_ci95"] == list(quantile_ci(many, 50.0))
-    # Few runs keep the bootstrap, as before.
+    # Few runs keep the bootstrap for a tail; the median's interval is median_interval's at any size.
     few = many[:100]
-    assert quantile_ci(few, 50.0) == bootstrap_ci(few)
+    p99 = lambda x, axis=None: np.percentile(x, 99.0, axis=axis)  # noqa: E731
+    assert quantile_ci(few, 99.0) == bootstrap_ci(few, stat=p99)
+    assert quantile_ci(few, 50.0) == median_interval(few)[1:]
 
 
 def test_measure_on_onnxruntime_model(tiny_model: Path) -> None:
