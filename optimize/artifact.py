@@ -24,7 +24,7 @@ from optimize.backend import check_thread_settings
 from optimize.errors import ModelError, UsageError
 from optimize.files import atomic_directory, sha256_file, write_json_atomic, write_markdown_atomic
 from optimize.model.onnx_file import NCHWC_DOMAIN, QUANT_OPS, external_data_paths, iter_nodes, load_model
-from optimize.model.runtime_model import RuntimeModel
+from optimize.model.runtime_model import BASELINE_BACKEND, RuntimeModel
 from optimize.render.html_page import artifact_pages
 from optimize.system.env import (
     VNNI_FLAGS,
@@ -408,7 +408,7 @@ def resolve_model(path: str | Path, backend: str | None = None, label: str | Non
         return loaded
     if not source.exists():
         raise UsageError(f"model not found: {source}", "check the path")
-    kind = backend or "onnxruntime"
+    kind = backend or BASELINE_BACKEND
     if source.suffix.lower() == ".onnx" or kind.startswith("onnxruntime"):
         load_model(source, load_external_data=False)
     elif backend is None:

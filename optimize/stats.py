@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,8 +47,12 @@ BOOTSTRAP_MAX_SAMPLES = 5000
 def quantile_ci(
     data: np.ndarray, q: float, level: float = 0.95, resamples: int = 2000
 ) -> tuple[float, float]:
-    """95% interval of the q-th percentile (q in percent): a bootstrap on few samples, the
-    order-statistic interval (normal approximation of the binomial ranks) on many."""
+    """95% interval of the q-th percentile (q in percent). The median's is median_interval's, at
+    any size; another percentile's is a bootstrap on few samples and the order-statistic interval
+    (normal approximation of the binomial ranks) on many."""
+    if q == 50.0:
+        _, lo, hi = median_interval(data, level)
+        return lo, hi
     if data.size <= BOOTSTRAP_MAX_SAMPLES:
         return bootstrap_ci(data, stat=lambda x, axis=None: np.percentile(x, q, axis=axis), n=resamples)
     p, n = q / 100.0, data.size
@@ -227,6 +232,8 @@ _MODE_GAP_SHARE = 0.3  # ... and at least this share of the distance between the
 _MODE_MIN_SPREAD = 0.01  # log units: a group of near-identical ratios still has this much spread
 
 
+# Cached: the measuring loop asks for the same few sizes at each of its stop checks.
+@functools.lru_cache(maxsize=1024)
 def _median_rank(n: int, level: float = 0.95) -> int:
     """The largest k (1-based, at least 1) whose order statistics [k, n + 1 - k] of n values still
     cover the median at `level` (binomial ranks); with too few values, 1: the whole range."""
@@ -242,7 +249,10 @@ def _median_rank(n: int, level: float = 0.95) -> int:
 def median_interval(values: Sequence[float] | np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
     """(median, lo, hi): the sample median and the distribution-free interval of the median, from
     the order statistics whose binomial ranks cover `level`. With too few values for `level`
-    (under 6 at 95%) the interval is the whole range. The median lies inside by construction."""
+    (under 6 at 95%) the interval is the whole range. The median lies inside by construction.
+
+    lto's one interval of a median: a comparison's pair ratios, a repeated measurement's
+    per-process medians and the measuring loop's stop rule all take it from here."""
     data = np.sort(np.asarray(values, dtype=np.float64))
     n = data.size
     if n == 0:
@@ -252,13 +262,22 @@ def median_interval(values: Sequence[float] | np.ndarray, level: float = 0.95) -
     return float(np.median(data)), float(data[k - 1]), float(data[n - k])
 
 
-def median_interval_coverage(n: int) -> float:
+def median_interval_coverage(n: int, level: float = 0.95) -> float:
     """The coverage of median_interval's interval over n values (below 0.95 under 6 values)."""
     from scipy.stats import binom
 
     if n < 2:
         return 0.0
-    return float(1.0 - 2.0 * binom.cdf(_median_rank(n) - 1, n, 0.5))
+    return float(1.0 - 2.0 * binom.cdf(_median_rank(n, level) - 1, n, 0.5))
+
+
+def median_interval_rel_width(values: Sequence[float] | np.ndarray, level: float = 0.95) -> float:
+    """The width of median_interval's interval relative to the median; infinite where the values
+    are too few for an interval at `level` (under 6 at 95%) or the median is not positive."""
+    if median_interval_coverage(len(values), level) < level:
+        return math.inf
+    median, lo, hi = median_interval(values, level)
+    return (hi - lo) / median if median > 0 else math.inf
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from optimize.render import plots
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"
 
@@ -64,6 +66,21 @@ def make_matmul_model(
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+# A PNG's signature: enough for code that stores or embeds a plot's bytes.
+PNG_STANDIN = b"\x89PNG\r\n\x1a\n"
+# The tests that draw real images and check them.
+DRAWS_PLOTS = ROOT / "tests" / "render"
+
+
+@pytest.fixture(autouse=True)
+def _plots_built_but_not_rasterized(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every artifact and `-o` report holds its plots; drawing them into PNG bytes was a third of a
+    pipeline test's time, and only tests/render reads the pixels. Elsewhere the plots are built
+    (their data and captions) but not rasterized; tests/render draws and checks real images."""
+    if not Path(request.node.path).is_relative_to(DRAWS_PLOTS):
+        monkeypatch.setattr(plots, "_png", lambda fig: PNG_STANDIN)
 
 
 @pytest.fixture

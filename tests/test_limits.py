@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from optimize.data import check_memory
+from optimize.artifact import write_artifact
+from optimize.data import check_memory, resolve_inputs
 from optimize.report import load_report
+from optimize.stage import Candidate
 from tests.cli_helpers import ROOT, assert_clean_error, run_cli
 from tests.conftest import sample_path
 
@@ -110,24 +112,61 @@ def test_bad_batch_lists_are_usage_errors(batch: str, needle: str) -> None:
 # -- 3. memory ---------------------------------------------------------------------------------
 
 
-def test_absurd_input_shape_is_refused_before_allocating() -> None:
-    proc = run_lto_capped(
-        "bench", sample_path("resnet_tiny.onnx"), "--shape", "pixel_values=1000000000x3x64x64"
-    )
-    assert_clean_error(proc, 2, "'pixel_values'", "1000000000x3x64x64", "GiB", "memory available")
+# Each case runs twice: in this process (the fast selection: the refusal and its words), and in
+# a process of its own under an address-space cap (slow: were the check to regress, the
+# allocation fails there instead of taking the machine's memory). The sizes are far past any
+# machine, so a regression in-process fails at once with MemoryError too.
+ABSURD_INPUT_SHAPE = (
+    ["bench", sample_path("resnet_tiny.onnx"), "--shape", "pixel_values=1000000000x3x64x64"],
+    ["'pixel_values'", "1000000000x3x64x64", "GiB", "memory available"],
+)
+# The inputs are 24 MB; the attention scores at sequence 10^6 are terabytes.
+ABSURD_ACTIVATION = (
+    ["bench", sample_path("bert_tiny.onnx"), "--shape", "sequence=1000000"],
+    ["1000000x1000000", "GiB", "memory available"],
+)
 
 
-def test_absurd_activation_is_refused_before_allocating() -> None:
-    # The inputs are 24 MB; the attention scores at sequence 10^6 are terabytes.
-    proc = run_lto_capped("bench", sample_path("bert_tiny.onnx"), "--shape", "sequence=1000000")
-    assert_clean_error(proc, 2, "1000000x1000000", "GiB", "memory available")
+def _one_row(tmp_path: Path) -> Path:
+    data = tmp_path / "one_row.npz"
+    np.savez(data, features=np.ones((1, 256), dtype=np.float32))
+    return data
+
+
+def _repeated_past_memory(data: Path) -> tuple[list[Any], list[str]]:
+    return ["bench", MLP, "--input-data", data, "--batch", "10000000000"], [
+        "'features'",
+        "GiB",
+        "memory available",
+    ]
+
+
+@pytest.mark.parametrize(("args", "needles"), [ABSURD_INPUT_SHAPE, ABSURD_ACTIVATION])
+def test_absurd_shapes_are_refused_before_allocating(args: list[Any], needles: list[str]) -> None:
+    assert_clean_error(run_cli(*args), 2, *needles)
 
 
 def test_input_data_repeated_past_memory_is_refused_before_loading(tmp_path: Path) -> None:
-    data = tmp_path / "one_row.npz"
-    np.savez(data, features=np.ones((1, 256), dtype=np.float32))
-    proc = run_lto_capped("bench", MLP, "--input-data", data, "--batch", "10000000000")
-    assert_clean_error(proc, 2, "'features'", "GiB", "memory available")
+    args, needles = _repeated_past_memory(_one_row(tmp_path))
+    assert_clean_error(run_cli(*args), 2, *needles)
+
+
+@pytest.mark.slow
+def test_absurd_input_shape_is_refused_before_allocating() -> None:
+    args, needles = ABSURD_INPUT_SHAPE
+    assert_clean_error(run_lto_capped(*args), 2, *needles)
+
+
+@pytest.mark.slow
+def test_absurd_activation_is_refused_before_allocating() -> None:
+    args, needles = ABSURD_ACTIVATION
+    assert_clean_error(run_lto_capped(*args), 2, *needles)
+
+
+@pytest.mark.slow
+def test_input_data_repeated_past_memory_is_refused_before_loading_under_a_cap(tmp_path: Path) -> None:
+    args, needles = _repeated_past_memory(_one_row(tmp_path))
+    assert_clean_error(run_lto_capped(*args), 2, *needles)
 
 
 def test_memory_check_passes_normal_shapes_quickly(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,10 +198,20 @@ def test_recipe_not_utf8_is_a_usage_error(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("artifact") / "mlp"
-    proc = run_cli("optimize", MLP, "--target-ms", "100", "--stop-at-target", "-o", out)
-    assert proc.returncode == 0, proc.stderr
-    return out
+    """The MLP on ONNX Runtime defaults, written as `lto optimize` writes an artifact, without the
+    search (these tests damage its manifest, not its figures)."""
+    spec, _ = resolve_inputs(MLP, {}, None, batch=1)
+    return write_artifact(
+        tmp_path_factory.mktemp("artifact") / "mlp",
+        candidate=Candidate(label="baseline", model_path=MLP, runtime_config={}),
+        input_spec=spec.to_json(),
+        outputs=[{"name": "logits", "dtype": "float32", "shape": ["batch", 10]}],
+        history=[],
+        accuracy={"ok": True},
+        chain_details=[],
+        report={"kind": "optimize"},
+        report_md="# report\n",
+    )
 
 
 def _set(key: str, value: Any) -> Callable[[dict[str, Any]], Any]:

@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimize.stats import median_interval, median_interval_coverage, paired_ratio, split_modes
+from optimize.stats import (
+    median_interval,
+    median_interval_coverage,
+    median_interval_rel_width,
+    paired_ratio,
+    split_modes,
+)
 
 
 def test_the_median_interval_covers_the_median_at_its_level() -> None:
@@ -23,6 +29,17 @@ def test_the_median_interval_covers_the_median_at_its_level() -> None:
     assert hits / trials >= 0.94
     assert median_interval_coverage(21) >= 0.95
     assert median_interval_coverage(4) < 0.95  # too few pairs for a 95% interval: said, not hidden
+
+
+def test_the_median_intervals_relative_width_needs_six_values() -> None:
+    """The measuring loop's stop rule reads this width: under 6 values there is no 95% interval,
+    so the width is infinite and the loop keeps running."""
+    assert median_interval_rel_width([1.0, 1.0, 1.0, 1.0, 1.0]) == math.inf
+    values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    median, lo, hi = median_interval(values)
+    assert (lo, hi) == (1.0, 6.0)
+    assert median_interval_rel_width(values) == pytest.approx((hi - lo) / median)
+    assert median_interval_rel_width([0.0] * 10) == math.inf
 
 
 @settings(max_examples=200, deadline=None)

@@ -10,7 +10,6 @@ from optimize.bench.engine import (
     Measurement,
     measure,
     measure_where_it_runs,
-    median_ci_rel_width,
 )
 
 __all__ = [
@@ -20,5 +19,4 @@ __all__ = [
     "compare",
     "measure",
     "measure_where_it_runs",
-    "median_ci_rel_width",
 ]

@@ -22,6 +22,7 @@ from optimize.stats import (
     bootstrap_ratio_ci,
     full_chunks,
     interleaved_ratio_ci,
+    median_interval_rel_width,
     summarize,
     tail_flags,
 )
@@ -111,22 +112,6 @@ class Measurement:
         }
 
 
-def median_ci_rel_width(sorted_ms: list[float]) -> float:
-    """Distribution-free 95% CI of the median from order statistics, as a relative width.
-
-    Cheap (the samples are sorted once per check), so the adaptive stop costs nothing
-    measurable next to the runs it times.
-    """
-    n = len(sorted_ms)
-    if n < 6:
-        return math.inf
-    half = 1.96 * math.sqrt(n) / 2.0
-    lo = max(0, math.floor(n / 2.0 - half))
-    hi = min(n - 1, math.ceil(n / 2.0 + half))
-    median = sorted_ms[n // 2]
-    return (sorted_ms[hi] - sorted_ms[lo]) / median if median > 0 else math.inf
-
-
 def _time_runs(run: Callable[[Any], Any], feeds: Any, count: int, out: list[float]) -> None:
     # Locals and a bare call: the loop adds well under a microsecond per run.
     perf = time.perf_counter_ns
@@ -177,7 +162,7 @@ def measure(
             if (
                 settings.target_ci_rel is not None
                 and minima_met
-                and median_ci_rel_width(sorted(samples)) <= settings.target_ci_rel
+                and median_interval_rel_width(samples) <= settings.target_ci_rel
             ):
                 stopped_by = "ci"
                 break

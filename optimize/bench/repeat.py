@@ -21,7 +21,7 @@ import numpy as np
 
 from optimize.bench.engine import UNSTABLE_CV, UNSTABLE_FOREIGN_LOAD
 from optimize.errors import LtoError
-from optimize.stats import summarize, tail_flags
+from optimize.stats import median_interval, summarize, tail_flags
 from optimize.system.child import PROGRESS, ParentLink, start_child
 
 Progress = Callable[[str, int, float], None]
@@ -79,20 +79,6 @@ def run_repeated(request: Any, run_once: RunOnce, progress: Progress | None = No
 
         reports.append(_one_repetition(run_once, single, tick))
     return merge_repetitions(reports)
-
-
-def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
-    """Distribution-free interval of the median from order statistics: [x(k), x(n+1-k)] with
-    the largest k whose coverage 1 - 2 P(Binomial(n, 1/2) < k) reaches `level` (min..max when
-    too few values reach it)."""
-    from scipy.stats import binom
-
-    data = np.sort(np.asarray(values, dtype=np.float64))
-    n = data.size
-    k = 1
-    while k + 1 <= (n + 1) // 2 and 1 - 2 * binom.cdf(k, n, 0.5) >= level:
-        k += 1
-    return float(data[k - 1]), float(data[n - k])
 
 
 def robust_spread(values: Sequence[float]) -> float:
@@ -164,7 +150,8 @@ def merge_measurements(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     # mistake repetitions exist to avoid: the CI is over the repetitions' medians instead.
     latency = summarize(pooled, ci_resamples=1)
     repetitions = [_repetition_summary(i, p) for i, p in enumerate(parts)]
-    latency["median_ci95"] = list(median_interval([r["latency_ms"]["p50"] for r in repetitions]))
+    _, lo, hi = median_interval([r["latency_ms"]["p50"] for r in repetitions])
+    latency["median_ci95"] = [lo, hi]
     stopped = Counter(str(p.get("stopped_by", "runs")) for p in parts).most_common(1)[0][0]
     mean = latency["mean"]
     return {

@@ -23,6 +23,7 @@ from optimize.cli.common import (
 from optimize.data import parse_shape_args
 from optimize.errors import UsageError
 from optimize.files import check_output_file, write_markdown_atomic
+from optimize.model.runtime_model import BASELINE_BACKEND
 from optimize.render.markdown import render_markdown
 from optimize.render.terminal import BudgetProgress, render_measurements
 from optimize.report import write_report
@@ -65,7 +66,7 @@ def bench(
         help="Measure against another model/artifact: each in its own process, alternated in blocks.",
     ),
     runtime: str | None = typer.Option(
-        None, "--runtime", help="Runtime for a model file (default onnxruntime)."
+        None, "--runtime", help=f"Runtime for a model file (default {BASELINE_BACKEND})."
     ),
     old_backend: str | None = typer.Option(None, "--backend", hidden=True),
     threads: int | None = typer.Option(

@@ -26,6 +26,7 @@ from optimize.pipeline import OptimizeRequest, optimize
 from optimize.pipeline import Progress as Base
 from optimize.pipeline.request import DEFAULT_TIME_BUDGET_S, parse_accuracy_spec
 from optimize.render.terminal import optimize_row_line, render_optimize_summary
+from optimize.runtimes.registry import BASELINE_RUNTIME, parse_runtime_options, runtime_options
 from optimize.system import interrupts
 from optimize.units import clock_text, limit_parser, percentile_key_parser
 
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 COMMON = "Common"
 SEARCH = "The search"
 ACCURACY = "Inputs and accuracy"
-TVM = "TVM tuning"
+# Options each runtime declares in its spec (optimize.runtimes.spec.RuntimeOption).
+RUNTIME_OPTIONS = "Runtime options"
 
 EPILOG = """
 [bold]Examples[/]
@@ -47,9 +49,11 @@ EPILOG = """
   lto optimize model.onnx --recipe my.toml --quantize always --calib-data calib.npz
   lto optimize model.onnx --target-ms 2 --stop-at-target --time-budget 10m --json
   lto optimize model.onnx --time-budget none   [dim](the full search; the default bound is 2 minutes)[/]
-  lto optimize model.onnx --tvm          [dim](also try TVM tuning; slow)[/]
-  lto optimize model.onnx --tvm --tvm-trials 200 --tvm-target x86-64-v3
-  lto optimize model.onnx --tvm --rpc-tracker 127.0.0.1:9190 --rpc-key cpu  [dim](measure on a fleet)[/]
+  lto optimize model.onnx --enable tvm-tune          [dim](also try TVM tuning; slow)[/]
+  lto optimize model.onnx --enable tvm-tune --runtime-option tvm.trials=200 \\
+    --runtime-option tvm.target=x86-64-v3
+  lto optimize model.onnx --enable tvm-tune --runtime-option tvm.rpc_tracker=127.0.0.1:9190 \\
+    --runtime-option tvm.rpc_key=cpu  [dim](measure on a fleet)[/]
   lto optimize model.onnx --enable tensorrt-build --shape input_ids=1x128:8x128:32x128
   lto optimize model.onnx --runtime openvino   [dim](OpenVINO candidates only)[/]
   lto optimize yolo.onnx --calib-data calib.npz --eval-data eval.npz --accuracy 'detection>=0.95'
@@ -191,7 +195,7 @@ def optimize_command(
         "auto",
         "--runtime",
         help="CPU runtime of the candidates: auto (ONNX Runtime and OpenVINO, the faster accurate one "
-        "wins), onnxruntime, or openvino. The baseline is always the original on ONNX Runtime.",
+        f"wins), onnxruntime, or openvino. The baseline is always the original on {BASELINE_RUNTIME.title}.",
         metavar="RUNTIME",
         rich_help_panel=SEARCH,
     ),
@@ -203,26 +207,25 @@ def optimize_command(
         metavar="ORDER",
         rich_help_panel=SEARCH,
     ),
-    tvm: bool = typer.Option(False, "--tvm", help="Same as --enable tvm-tune.", rich_help_panel=TVM),
-    tvm_target: str | None = typer.Option(
-        None,
-        "--tvm-target",
-        help="CPU to build TVM code for: an LLVM CPU name (znver3), x86-64-v3, or a JSON target. "
-        "Default: this machine, validated.",
-        rich_help_panel=TVM,
+    runtime_option: list[str] = typer.Option(
+        [],
+        "--runtime-option",
+        "-R",
+        help="Set a runtime's option, RUNTIME.NAME=VALUE (repeatable): "
+        + "; ".join(
+            f"{name} ({option.help}, e.g. {option.example})" for name, option in runtime_options().items()
+        )
+        + ".",
+        metavar="RUNTIME.NAME=VALUE",
+        rich_help_panel=RUNTIME_OPTIONS,
     ),
-    tvm_trials: int | None = typer.Option(
-        None, "--tvm-trials", min=1, help="TVM tuning trials in all.", rich_help_panel=TVM
-    ),
-    rpc_tracker: str | None = typer.Option(
-        None,
-        "--rpc-tracker",
-        help="HOST:PORT of a TVM RPC tracker: measure tuning trials on its devices.",
-        rich_help_panel=TVM,
-    ),
-    rpc_key: str | None = typer.Option(
-        None, "--rpc-key", help="Device key on the RPC tracker.", rich_help_panel=TVM
-    ),
+    # Hidden: the flags that came before --runtime-option, kept so that scripts using them still
+    # run; each is the --runtime-option (or --enable) named in its help.
+    tvm: bool = typer.Option(False, "--tvm", help="--enable tvm-tune", hidden=True),
+    tvm_target: str | None = typer.Option(None, "--tvm-target", help="tvm.target", hidden=True),
+    tvm_trials: int | None = typer.Option(None, "--tvm-trials", min=1, help="tvm.trials", hidden=True),
+    rpc_tracker: str | None = typer.Option(None, "--rpc-tracker", help="tvm.rpc_tracker", hidden=True),
+    rpc_key: str | None = typer.Option(None, "--rpc-key", help="tvm.rpc_key", hidden=True),
     seed: int = typer.Option(0, "--seed", help="Seed for generated inputs.", rich_help_panel=ACCURACY),
     eval_data: Path | None = typer.Option(
         None,
@@ -325,16 +328,21 @@ def optimize_command(
         fail_on_unverified=fail_on_unverified,
         started=command_started(),
         enable=[*enable, *(["tvm-tune"] if tvm else [])],
-        tvm_options={
-            key: value
-            for key, value in (
-                ("target", tvm_target),
-                ("trials", tvm_trials),
-                ("rpc_tracker", rpc_tracker),
-                ("rpc_key", rpc_key),
-            )
-            if value is not None
-        },
+        stage_options=parse_runtime_options(
+            [
+                *(
+                    f"tvm.{key}={value}"
+                    for key, value in (
+                        ("target", tvm_target),
+                        ("trials", tvm_trials),
+                        ("rpc_tracker", rpc_tracker),
+                        ("rpc_key", rpc_key),
+                    )
+                    if value is not None
+                ),
+                *runtime_option,
+            ]
+        ),
         disable=list(disable),
         seed=seed,
         eval_data=eval_data,

@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The backend the baseline is measured on and a plain ONNX file opens on: ONNX Runtime with its
+# default settings. The one place that names it; optimize.runtimes.registry.BASELINE_RUNTIME is
+# its runtime's spec (its title for people), for the layers above the runtimes.
+BASELINE_BACKEND = "onnxruntime"
+
 
 @dataclass
 class RuntimeModel:
@@ -19,7 +24,7 @@ class RuntimeModel:
 
     label: str  # short, unique within a run: "baseline", "graph-fusion", "quantize:static-qdq"
     model_path: Path  # the file the backend loads (ONNX, TVM shared library, TensorRT engine)
-    backend: str = "onnxruntime"
+    backend: str = BASELINE_BACKEND
     runtime_config: dict[str, Any] = field(default_factory=dict)
     # Only ai.onnx-domain ops: a graph that TVM and TensorRT can read.
     standard_ops: bool = True

@@ -28,7 +28,7 @@ from optimize.backend import Backend
 from optimize.bench import BenchSettings, Comparison, Measurement, measure_where_it_runs
 from optimize.bench.apart import MIN_ROUNDS, PROCESS_SETS, ApartRun, compare_apart, compare_in_process_sets
 from optimize.errors import first_line, full_text
-from optimize.model.runtime_model import RuntimeModel
+from optimize.model.runtime_model import BASELINE_BACKEND, RuntimeModel
 from optimize.pipeline import judge
 from optimize.pipeline.baseline import Baseline
 from optimize.pipeline.record import Decision, RunRecord, StageRecord
@@ -181,7 +181,7 @@ class Evaluator:
         # what the final comparison's fresh processes will cost (end_cost_s).
         self.open_s: dict[str, float] = {}
         self.original = Candidate(
-            label="baseline", model_path=baseline.model_path, backend="onnxruntime", runtime_config={}
+            label="baseline", model_path=baseline.model_path, backend=BASELINE_BACKEND, runtime_config={}
         )
         self.best = BestSoFar(self.original)
         self._stack = ExitStack()
@@ -305,7 +305,7 @@ class Evaluator:
     def numerics_of(self, cand: Candidate, accuracy: AccuracyResult) -> str:
         """exact only for the original graph under session settings alone, seen bit for bit equal."""
         same_graph = (
-            cand.backend == "onnxruntime"
+            cand.backend == BASELINE_BACKEND
             and Path(cand.model_path).resolve() == Path(self.record.request.model_path).resolve()
             and set(cand.runtime_config) <= SESSION_ONLY_SETTINGS
             and cand.runtime_config.get("graph_optimization_level", "all") == "all"

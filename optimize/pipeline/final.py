@@ -20,6 +20,7 @@ from optimize.pipeline.request import partial_report_path
 from optimize.pipeline.summary import FinalFigures, PipelineResult, final_line, optimize_report
 from optimize.render.markdown import render_markdown
 from optimize.report import write_report
+from optimize.runtimes.registry import BASELINE_RUNTIME
 from optimize.stage import Candidate
 from optimize.stats import percentile_ci
 
@@ -85,13 +86,13 @@ class FinalStep:
         row.speedup, row.speedup_ci95 = speedup, speedup_ci
         row.latency_ms = latency_figures(comparison.b, self.metric, art_ms)
         row.baseline_ms = base_ms
-        row.modes = judge.modes_of(comparison, "ONNX Runtime defaults", label)
+        row.modes = judge.modes_of(comparison, f"{BASELINE_RUNTIME.title} defaults", label)
         row.details["final"] = final
         base_row = record.records[0]
         base_row.latency_ms = latency_figures(comparison.a, self.metric, base_ms)
         base_row.baseline_ms = base_ms
         base_row.reason = (
-            "original model, ONNX Runtime default settings; measured beside the artifact in its "
+            f"original model, {BASELINE_RUNTIME.title} default settings; measured beside the artifact in its "
             "final comparison"
         )
         record.results += [

@@ -30,6 +30,7 @@ from optimize.pipeline.request import OptimizeRequest, apply_overrides, choose_r
 from optimize.pipeline.stage_run import StageFactory, StageOpener, StageRun
 from optimize.pipeline.summary import PipelineResult, write_partial_report
 from optimize.recipes import Recipe, StageSpec
+from optimize.runtimes.registry import BASELINE_BACKEND, BASELINE_RUNTIME
 from optimize.runtimes.stages import load_stage
 from optimize.stage import Candidate, Outcome, Status
 from optimize.system import interrupts
@@ -37,7 +38,7 @@ from optimize.system.env import cpu_isa_flags, machine_fingerprint
 
 # The reason the baseline's row gives until the final comparison measures it beside the artifact.
 BASELINE_ALONE_REASON = (
-    "original model, ONNX Runtime default settings; measured alone at the start, "
+    f"original model, {BASELINE_RUNTIME.title} default settings; measured alone at the start, "
     "for the search's target decisions (every speedup is measured side by side)"
 )
 
@@ -135,7 +136,7 @@ class Pipeline:
         prepared = prepare_inputs(record, model_path, workdir)
         # Absolute: stages run inside their scratch directory (stage_run.py).
         original = Candidate(label="baseline", model_path=model_path.absolute(), runtime_config={})
-        record.status("baseline: loading the original model on ONNX Runtime defaults")
+        record.status(f"baseline: loading the original model on {BASELINE_RUNTIME.title} defaults")
         t0 = time.monotonic()
         with open_candidate(original) as backend:
             baseline = prepare_baseline(record, original.model_path, prepared, backend)
@@ -172,7 +173,7 @@ class Pipeline:
             baseline_ms=latency[self.metric],
             metric=self.metric,
             accuracy={"ok": True, "reason": "reference", "per_output": {}, "worst": {}},
-            backend="onnxruntime",
+            backend=BASELINE_BACKEND,
             runtime_config={},
             precision="fp32",
             elapsed_s=elapsed_s,

@@ -56,8 +56,8 @@ class OptimizeRequest:
     # `--shape NAME=MIN:OPT:MAX` strings: optimization-profile ranges for stages that build
     # for a range of shapes (TensorRT); the benchmark runs at OPT, which `shapes` holds.
     shape_ranges: list[str] = field(default_factory=list)
-    # tvm-tune options given as flags (--tvm-target, --tvm-trials, --rpc-tracker, --rpc-key).
-    tvm_options: dict[str, Any] = field(default_factory=dict)
+    # Stage options given on the command line ({stage: {option: value}}, from --runtime-option).
+    stage_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     input_data: Path | None = None
     # A dynamic leading dim nothing else pins runs at this batch (real-time latency: 1).
     batch: int | None = 1
@@ -293,11 +293,11 @@ def apply_overrides(recipe: Recipe, request: OptimizeRequest) -> list[str]:
         if spec.name in request.disable:
             spec.enabled = False
             notes.append(f"{spec.name} disabled on the command line")
-    tvm = recipe.stage("tvm-tune")
-    if tvm is not None:
-        for key, value in request.tvm_options.items():
-            tvm.options[key] = value
-            notes.append(f"tvm-tune {key}={value} from the command line")
+    for stage_name, options in request.stage_options.items():
+        stage = recipe.stage(stage_name)
+        for key, value in options.items() if stage is not None else ():
+            stage.options[key] = value
+            notes.append(f"{stage_name} {key}={value} from the command line")
     trt = recipe.stage("tensorrt-build")
     if trt is not None and request.shape_ranges:
         trt.options["shapes"] = list(request.shape_ranges)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from optimize.model.runtime_model import BASELINE_BACKEND
 from optimize.units import index_ranges
 
 
@@ -268,8 +269,8 @@ def summary_lines(section: Mapping[str, Any], model_path: str) -> list[str]:
     metric = (section.get("target") or {}).get("percentile", "p50")
     if best.get("label") == "baseline":
         head = (
-            f"**Shipped the original model**, on ONNX Runtime defaults: no candidate was both "
-            f"accurate and faster on this machine (p50 {section['target']['best_ms']:.3f} ms)."
+            f"**Shipped the original model**, on {_RUNTIMES[BASELINE_BACKEND]} defaults: no candidate was "
+            f"both accurate and faster on this machine (p50 {section['target']['best_ms']:.3f} ms)."
         )
     else:
         row = next((r for r in reversed(stages) if r.get("label") == best.get("label")), {})
@@ -373,7 +374,7 @@ def render_markdown_section(section: Mapping[str, Any]) -> str:
         slo, shi = section["speedup_ci95"]
         lines.append(
             f"- artifact: `{section['best']['label']}` on {section['best']['backend']}, "
-            f"**{section['speedup']:.2f}x** vs the ONNX Runtime default baseline "
+            f"**{section['speedup']:.2f}x** vs the {_RUNTIMES[BASELINE_BACKEND]} default baseline "
             f"(95% CI {slo:.2f}–{shi:.2f}, side by side, each in its own process)"
         )
         eff = section.get("efficiency")

@@ -8,9 +8,13 @@ light: nothing here imports a runtime library.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
+from typing import Any
 
 from optimize.errors import UsageError
-from optimize.runtimes.spec import BackendInfo, RuntimeSpec, StageInfo
+from optimize.model.runtime_model import BASELINE_BACKEND
+from optimize.options import Schema, check_table
+from optimize.runtimes.spec import BackendInfo, RuntimeOption, RuntimeSpec, StageInfo
 
 # In the order a full recipe runs their stages.
 FOLDERS = (
@@ -64,13 +68,61 @@ def quantize_stages() -> tuple[str, ...]:
     return tuple(name for name, stage in stage_infos().items() if stage.quantizes)
 
 
+def runtime_options() -> dict[str, RuntimeOption]:
+    """Every option `lto optimize --runtime-option` takes, by its full name ("tvm.trials")."""
+    return {f"{spec.name}.{option.name}": option for spec in RUNTIMES for option in spec.options}
+
+
+def _typed(text: str, schema: Schema) -> Any:
+    """The command line's text as the schema's type, where it reads as one (else the text, which
+    the schema check then refuses with what it expected)."""
+    kind = schema.get("type")
+    try:
+        if kind == "integer":
+            return int(text)
+        if kind == "number":
+            return float(text)
+    except ValueError:
+        return text
+    if kind == "boolean" and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return text
+
+
+def parse_runtime_options(texts: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """`--runtime-option RUNTIME.NAME=VALUE` flags as {stage: {option: value}}, each checked
+    against the option's stage schema; an unknown name or a bad value is one UsageError."""
+    known = runtime_options()
+    out: dict[str, dict[str, Any]] = {}
+    for text in texts:
+        name, sep, raw = text.partition("=")
+        option = known.get(name.strip())
+        if not sep or option is None:
+            what = "is not RUNTIME.NAME=VALUE" if not sep else "names no runtime option"
+            raise UsageError(f"--runtime-option {text!r} {what}", f"known: {', '.join(known) or 'none'}")
+        schema = stage_infos()[option.stage].options[option.stage_key]
+        runtime = name.strip().partition(".")[0]
+        checked = check_table("--runtime-option ", runtime, {option.stage_key: _typed(raw, schema)},
+                              {option.stage_key: schema})  # fmt: skip
+        out.setdefault(option.stage, {}).update(checked)
+    return out
+
+
+# The runtime the baseline runs on (optimize.model.runtime_model.BASELINE_BACKEND), for its title in help
+# texts and reports.
+BASELINE_RUNTIME: RuntimeSpec = runtime_of_backend(BASELINE_BACKEND)
+
 __all__ = [
+    "BASELINE_BACKEND",
+    "BASELINE_RUNTIME",
     "FOLDERS",
     "RUNTIMES",
     "backend_info",
     "backend_infos",
+    "parse_runtime_options",
     "quantize_stages",
     "runtime_of_backend",
+    "runtime_options",
     "searched_runtimes",
     "stage_infos",
     "stage_runtime",

@@ -48,6 +48,22 @@ class BackendInfo:
 
 
 @dataclass(frozen=True)
+class RuntimeOption:
+    """A setting a runtime takes on `lto optimize` as `--runtime-option RUNTIME.NAME=VALUE`: one
+    option of one of its stages, typed and checked by that stage's schema."""
+
+    name: str  # as the command line names it, after "RUNTIME."
+    stage: str  # the stage it sets
+    help: str
+    example: str  # a value, for --help
+    key: str = ""  # the stage's option it sets, when not `name`
+
+    @property
+    def stage_key(self) -> str:
+        return self.key or self.name
+
+
+@dataclass(frozen=True)
 class RuntimeSpec:
     name: str  # the folder's name
     title: str  # as people write it ("ONNX Runtime")
@@ -58,6 +74,8 @@ class RuntimeSpec:
     # "module:function" mapping an artifact to an optimize.triton.model.TritonModel:
     # (artifact dir, manifest) -> TritonModel. None: Triton has no backend for this runtime.
     triton: str | None = None
+    # What `lto optimize --runtime-option` may set for this runtime.
+    options: Sequence[RuntimeOption] = ()
 
 
 def resolve(target: str) -> Any:
@@ -66,4 +84,4 @@ def resolve(target: str) -> Any:
     return getattr(importlib.import_module(module_name), attribute)
 
 
-__all__ = ["BackendInfo", "RuntimeSpec", "StageInfo", "resolve"]
+__all__ = ["BackendInfo", "RuntimeOption", "RuntimeSpec", "StageInfo", "resolve"]

@@ -8,11 +8,19 @@ import numpy as np
 import pytest
 
 from optimize.backend import Backend, TensorSpec
-from optimize.bench import BenchSettings, compare, measure, median_ci_rel_width
+from optimize.bench import BenchSettings, compare, measure
 from optimize.data import resolve_inputs
 from optimize.errors import InputError
 from optimize.runtimes.backends import open_backend
-from optimize.stats import BOOTSTRAP_MAX_SAMPLES, bootstrap_ci, bootstrap_ratio_ci, quantile_ci, summarize
+from optimize.stats import (
+    BOOTSTRAP_MAX_SAMPLES,
+    bootstrap_ci,
+    bootstrap_ratio_ci,
+    median_interval,
+    median_interval_rel_width,
+    quantile_ci,
+    summarize,
+)
 
 
 class CountingBackend(Backend):
@@ -67,7 +75,7 @@ def test_adaptive_stop_ends_early_on_a_steady_workload() -> None:
     settings = BenchSettings(warmup=5, min_runs=30, max_runs=200000, max_time_s=30, target_ci_rel=0.5)
     m = measure(backend, FEEDS, settings)
     assert m.stopped_by == "ci"
-    assert median_ci_rel_width(sorted(m.samples_ms)) <= 0.5
+    assert median_interval_rel_width(m.samples_ms) <= 0.5
     assert len(m.samples_ms) < 200000
 
 
@@ -157,9 +165,11 @@ def test_many_runs_get_an_order_statistic_interval_that_agrees_with_the_bootstra
         assert lo < np.percentile(many, q) < hi
         assert lo == pytest.approx(b_lo, rel=0.01) and hi == pytest.approx(b_hi, rel=0.01)
     assert summarize(many)["median_ci95"] == list(quantile_ci(many, 50.0))
-    # Few runs keep the bootstrap, as before.
+    # Few runs keep the bootstrap for a tail; the median's interval is median_interval's at any size.
     few = many[:100]
-    assert quantile_ci(few, 50.0) == bootstrap_ci(few)
+    p99 = lambda x, axis=None: np.percentile(x, 99.0, axis=axis)  # noqa: E731
+    assert quantile_ci(few, 99.0) == bootstrap_ci(few, stat=p99)
+    assert quantile_ci(few, 50.0) == median_interval(few)[1:]
 
 
 def test_measure_on_onnxruntime_model(tiny_model: Path) -> None:

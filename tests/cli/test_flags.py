@@ -186,7 +186,7 @@ def test_optimize_help_shows_the_common_flags_first_in_one_screen() -> None:
         text.index("Common")
         < text.index("The search")
         < text.index("Inputs and accuracy")
-        < text.index("TVM")
+        < text.index("Runtime options")
     )
     assert max(len(line) for line in lines) <= 80
 

