@@ -94,6 +94,29 @@ def test_a_dynamic_batch_is_one_run_and_each_request_gets_its_rows(
     model.finalize()
 
 
+def test_each_batch_size_triton_can_form_is_prepared_before_the_first_request(
+    model_module: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder, config = _exported(tmp_path)
+    prepared: list[tuple[int, ...]] = []
+    real_open = model_module.open_model
+
+    def recording_open(*args: Any, **kwargs: Any) -> Any:
+        backend = real_open(*args, **kwargs)
+        real_prepare = backend.prepare
+        backend.prepare = lambda feeds: prepared.append(feeds["x"].shape) or real_prepare(feeds)
+        return backend
+
+    monkeypatch.setattr(model_module, "open_model", recording_open)
+    model = model_module.TritonPythonModel()
+    model.initialize(
+        {"model_config": json.dumps(config), "model_repository": str(folder), "model_version": "1"}
+    )
+    assert prepared == [(rows, 16) for rows in range(1, 9)]  # max_batch_size 8
+    assert model.warmed == 8
+    model.finalize()
+
+
 def test_the_export_holds_the_model_and_the_whole_artifact(tmp_path: Path) -> None:
     folder, _ = _exported(tmp_path)
     assert (folder / "1" / "model.py").read_text() == PYTHON_MODEL.read_text()

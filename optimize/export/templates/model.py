@@ -10,7 +10,10 @@ applies as lto applied it, including those Triton's native backends cannot expre
 fused subgraphs off, ONNX Runtime with spinning off).
 
 Each model instance is a process of its own (Triton's python backend): with several instances, each
-takes its share of the cores, as `lto serve --instances` does.
+takes its share of the cores, as `lto serve --instances` does. Like `lto serve`, each instance
+prepares and runs every batch size Triton's dynamic batcher can form (1 to max_batch_size) once
+before it takes requests, within the same time budget: OpenVINO compiles a model per input shape,
+and without this the first request of each batch size pays for that compilation.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from optimize.artifact import resolve_model  # noqa: E402
 from optimize.backend import Backend  # noqa: E402
 from optimize.export.triton import ARTIFACT_FOLDER  # noqa: E402
 from optimize.runtimes.backends import open_model, shared_cores  # noqa: E402
+from optimize.serve.batching.signature import batch_shapes, rows_of, warm_shapes  # noqa: E402
+from optimize.serve.loading import calibration_row  # noqa: E402
 
 
 def split_rows(outputs: dict[str, np.ndarray], sizes: list[int]) -> list[dict[str, np.ndarray]]:
@@ -58,7 +63,18 @@ class TritonPythonModel:
         )
         self.inputs = [str(tensor["name"]) for tensor in config["input"]]
         self.outputs = [str(tensor["name"]) for tensor in config["output"]]
-        self.batched = int(config.get("max_batch_size", 0)) > 0
+        self.max_batch = int(config.get("max_batch_size", 0))
+        self.batched = self.max_batch > 0
+        self.warmed = self._warm(model)
+
+    def _warm(self, model: Any) -> int:
+        """Prepare and run each batch size this instance can be given once; how many ran."""
+        row, _ = calibration_row(model, self.backend)
+        if row is None:  # no input spec to make a row from: the first requests pay the set-up
+            return 0
+        per = rows_of(row)
+        sizes = batch_shapes(per, self.max_batch) if self.batched else [per]
+        return warm_shapes(self.backend, row, sizes)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         feeds = [
