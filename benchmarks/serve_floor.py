@@ -6,9 +6,11 @@ throughput), then `lto serve --artifact` in its own process with each configurat
 ART` at 25% and 50% of that throughput, and searched for the highest rate whose p99 meets the SLO
 with a VALID LoadGen result (`--find-max-qps`). Each `lto load` measures the floor in its own
 process right after the server, at the same load: the model behind one greedy worker, no HTTP.
+With --triton, Triton (the nvidia-pytriton wheel's tritonserver, python backend, `lto export
+--backend python` with its batch profile measured here) is driven the same way after lto serve.
 
     python -m benchmarks.serve_floor ART [ART ...] [--slo-ms 15] [--duration 10]
-        [--config 'one-at-a-time=--max-batch 1'] [--shares 0.25,0.5] [--no-search]
+        [--config 'one-at-a-time=--max-batch 1'] [--shares 0.25,0.5] [--no-search] [--triton]
 
 Prints a Markdown table per artifact (target p50/p99, floor p50/p99, p99 over the floor, LoadGen's
 verdict, max rate within the SLO for both) and writes them with the raw reports to --out.
@@ -21,8 +23,11 @@ import json
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
+
+from harness import tritonserver
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,30 +60,49 @@ def shape_args(artifact: Path) -> list[str]:
             for a in ("--shape", f"{t['name']}={'x'.join(map(str, t['shape']))}")]  # fmt: skip
 
 
-def one_config(
-    artifact: Path, flags: list[str], rates: list[float], args: argparse.Namespace
-) -> dict[str, Any]:
+def drive(url: str, artifact: Path, rates: list[float], args: argparse.Namespace) -> dict[str, Any]:
+    """A lone request at a time, then each rate, then the highest rate within the SLO, on one server."""
     shapes = shape_args(artifact)
     common = ["--model", "m", "--slo-ms", f"{args.slo_ms:g}", "--duration", f"{args.duration:g}s",
               "--floor", artifact, *shapes]  # fmt: skip
+    # A lone request at a time (LoadGen SingleStream): the model's run inside the server, from
+    # the server's own Server-Timing, against the same run alone (lto bench).
+    lone = lto("load", url, "--model", "m", "--requests", "700", "--no-floor", *shapes)
+    points = []
+    for rate in rates:
+        print(f"  {rate:.0f}/s ...", file=sys.stderr, flush=True)
+        report = lto("load", url, "--qps", f"{rate:.1f}", *common)
+        points.append({"rate": rate, "report": report})
+    search = None
+    if not args.no_search:
+        print("  searching the highest rate within the SLO ...", file=sys.stderr, flush=True)
+        search = lto("load", url, "--find-max-qps", "--qps", f"{rates[0]:.1f}", *common)
+    return {"lone": lone, "points": points, "search": search}
+
+
+def one_config(
+    artifact: Path, flags: list[str], rates: list[float], args: argparse.Namespace
+) -> dict[str, Any]:
     proc, url = start_serve(artifact, flags)
     try:
-        # A lone request at a time (LoadGen SingleStream): the model's run inside the server, from
-        # the server's own Server-Timing, against the same run alone (lto bench).
-        lone = lto("load", url, "--model", "m", "--requests", "700", "--no-floor", *shapes)
-        points = []
-        for rate in rates:
-            print(f"  {rate:.0f}/s ...", file=sys.stderr, flush=True)
-            report = lto("load", url, "--qps", f"{rate:.1f}", *common)
-            points.append({"rate": rate, "report": report})
-        search = None
-        if not args.no_search:
-            print("  searching the highest rate within the SLO ...", file=sys.stderr, flush=True)
-            search = lto("load", url, "--find-max-qps", "--qps", f"{rates[0]:.1f}", *common)
+        return {"flags": flags, **drive(url, artifact, rates, args)}
     finally:
         proc.terminate()
         proc.wait(30)
-    return {"flags": flags, "lone": lone, "points": points, "search": search}
+
+
+def triton(artifact: Path, rates: list[float], args: argparse.Namespace) -> dict[str, Any]:
+    """The same loads against Triton's python backend serving the same artifact."""
+    found = tritonserver.install()
+    with tempfile.TemporaryDirectory(prefix="lto-serve-floor-") as tmp:
+        repo = Path(tmp) / "repo"
+        lto("export", artifact, "--triton", repo, "--name", "m", "--backend", "python",
+            "--measure-batches", "1,2,4,8", "--slo-ms", f"{args.slo_ms:g}")  # fmt: skip
+        server = tritonserver.start(found, repo, Path(tmp) / "triton.log", python_path=sys.path)
+        try:
+            return {"flags": ["tritonserver, python backend"], **drive(server.url, artifact, rates, args)}
+        finally:
+            server.stop()
 
 
 def _fig(run: dict[str, Any], key: str) -> str:
@@ -115,7 +139,12 @@ def table(name: str, alone_ms: float, configs: dict[str, dict[str, Any]], slo_ms
     lines += ["", "| configuration | lone request's model run in the server, p50 | alone (bench) | ratio |",
               "|---|---|---|---|"]  # fmt: skip
     for label, result in configs.items():
-        inside = result["lone"]["load"]["runs"][-1]["breakdown_ms"]["model"]["p50"]
+        model = (result["lone"]["load"]["runs"][-1].get("breakdown_ms") or {}).get("model")
+        if not model:  # Triton sends no Server-Timing: only the whole request is known
+            whole = result["lone"]["load"]["runs"][-1]["latency_ms"]["p50"]
+            lines.append(f"| {label} | - (whole request {whole:.3f} ms) | {alone_ms:.3f} ms | - |")
+            continue
+        inside = model["p50"]
         lines.append(f"| {label} | {inside:.3f} ms | {alone_ms:.3f} ms | {inside / alone_ms:.2f}x |")
     searched = [(label, r["search"]) for label, r in configs.items() if r["search"] is not None]
     if searched:
@@ -139,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", action="append", default=[], help='LABEL="lto serve flags" (repeatable)')
     parser.add_argument("--no-search", action="store_true", help="skip the max-rate search")
+    parser.add_argument("--triton", action="store_true", help="Triton (python backend) at the same loads")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "serve-floor")
     args = parser.parse_args(argv)
     configs = [("defaults", [])] + [
@@ -154,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         for label, flags in configs:
             print(f"{artifact.name}: {label} ({' '.join(flags) or 'no flags'})", file=sys.stderr, flush=True)
             results[label] = one_config(artifact, flags, rates, args)
+        if args.triton:
+            print(f"{artifact.name}: Triton, python backend", file=sys.stderr, flush=True)
+            results["Triton (python backend)"] = triton(artifact, rates, args)
         texts.append(table(artifact.name, alone_ms, results, args.slo_ms))
         raw[str(artifact)] = {"alone_ms": alone_ms, "configs": results}
         print(texts[-1], flush=True)
