@@ -178,6 +178,33 @@ def elements_of(feeds: Mapping[str, np.ndarray]) -> float:
     return float(sum(arr.size for arr in feeds.values())) or 1.0
 
 
+class WorkMeasure:
+    """A batch's work: its input elements relative to those of one reference row (the calibration
+    row, or else the first request's), so that one latency model covers batch size and sequence
+    length alike."""
+
+    def __init__(self) -> None:
+        self.row_elements: float | None = None
+
+    def reference(self, feeds: Mapping[str, np.ndarray], rows: int) -> None:
+        """Take one row of `feeds` (of `rows` rows) as one unit of work, unless a unit is set."""
+        self.row_elements = self.row_elements or elements_of(feeds) / rows
+
+    def of(self, feeds: Mapping[str, np.ndarray]) -> float:
+        """The work of a model call on `feeds`."""
+        return elements_of(feeds) / (self.row_elements or 1.0)
+
+    def of_request(
+        self, feeds: Mapping[str, np.ndarray], rows: int, seq_len: int | None, bucket: int | None
+    ) -> float:
+        """The work a request of `rows` rows adds to its batch, token inputs padded to `bucket`."""
+        assert self.row_elements is not None, "reference() first"
+        row_elements = elements_of(feeds) / max(1, rows)
+        if seq_len and bucket:
+            row_elements *= bucket / seq_len  # padded to its bucket
+        return rows * row_elements / self.row_elements
+
+
 def sample_row(
     inputs: Sequence[TensorSpec], shapes: Mapping[str, Sequence[int]] | None = None
 ) -> dict[str, Any]:
