@@ -21,6 +21,7 @@ import numpy as np
 
 from optimize.backend import Backend
 from optimize.errors import UsageError
+from optimize.runtimes.warmup import rows_of
 from optimize.serve.batching import admission, policy
 from optimize.serve.batching.config import BatcherConfig
 from optimize.serve.batching.dispatch import Dispatcher
@@ -30,7 +31,7 @@ from optimize.serve.batching.lifecycle import Lifecycle
 from optimize.serve.batching.metrics import BatcherMetrics
 from optimize.serve.batching.outcomes import BatchStats, InferResult, Overloaded
 from optimize.serve.batching.queue import Pending, RequestQueue
-from optimize.serve.batching.signature import ModelSignature, WorkMeasure, batch_key, bucket_of, rows_of
+from optimize.serve.batching.signature import ModelSignature, WorkMeasure, batch_key, bucket_of
 from optimize.serve.clock import Clock, MonotonicClock
 
 

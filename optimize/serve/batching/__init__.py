@@ -3,7 +3,7 @@
 outcomes.py    what a request or a batch ends with: outputs and timings, or a ServeError
 config.py      BatcherConfig, the batcher's flags
 signature.py   how a model's requests combine (ModelSignature), row and shape helpers, a batch's
-               work (WorkMeasure), warm-up shapes
+               work (WorkMeasure); the batch shapes warmed at start are optimize/runtimes/warmup.py's
 estimators.py  what the batcher learns while it runs: batch latency (LatencyModel), arrival and
                hand-off gaps, the delivered rate (LoadEstimates)
 queue.py       the bounded queue: requests by batch key, in arrival order, and their deadlines

@@ -15,17 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from optimize.backend import Backend
+from optimize.runtimes.warmup import batch_shapes, rows_of, warm_shapes
 from optimize.serve.batching.config import BatcherConfig
 from optimize.serve.batching.estimators import LatencyModel
-from optimize.serve.batching.signature import (
-    BatchPart,
-    ModelSignature,
-    assemble,
-    batch_shapes,
-    rows_of,
-    split,
-    warm_shapes,
-)
+from optimize.serve.batching.signature import BatchPart, ModelSignature, assemble, split
 from optimize.serve.clock import Clock
 
 Feeds = dict[str, np.ndarray]
