@@ -10,7 +10,10 @@ applies as lto applied it, including those Triton's native backends cannot expre
 fused subgraphs off, ONNX Runtime with spinning off).
 
 Each model instance is a process of its own (Triton's python backend): with several instances, each
-takes its share of the cores, as `lto serve --instances` does.
+takes its share of the cores, as `lto serve --instances` does. Like `lto serve`, each warms up before
+its first request: every batch size Triton's dynamic batcher can hand it (its preferred sizes when the
+config names them, else 1 to max_batch_size) is prepared (`Backend.prepare`: OpenVINO compiles the
+model for that shape) and run once, within lto serve's time budget (optimize/runtimes/warmup.py).
 """
 
 from __future__ import annotations
@@ -30,8 +33,22 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from optimize.artifact import resolve_model  # noqa: E402
 from optimize.backend import Backend  # noqa: E402
+from optimize.errors import InputError  # noqa: E402
 from optimize.export.triton import ARTIFACT_FOLDER  # noqa: E402
 from optimize.runtimes.backends import open_model, shared_cores  # noqa: E402
+from optimize.runtimes.warmup import batch_shapes, one_request, rows_of, warm_shapes  # noqa: E402
+
+
+def batch_sizes(config: dict[str, Any], rows: int) -> list[int]:
+    """The batch sizes (rows) `execute` is handed, from requests of `rows` rows: Triton's preferred
+    batch sizes when the config names them, else every size its dynamic batcher can form up to
+    max_batch_size; `rows` alone when the model does not batch (max_batch_size 0)."""
+    max_batch = int(config.get("max_batch_size", 0))
+    if max_batch <= 0:
+        return [rows]
+    preferred = config.get("dynamic_batching", {}).get("preferred_batch_size", [])
+    sizes = sorted({int(size) for size in preferred if 0 < int(size) <= max_batch})
+    return sizes or batch_shapes(rows, max_batch)
 
 
 def split_rows(outputs: dict[str, np.ndarray], sizes: list[int]) -> list[dict[str, np.ndarray]]:
@@ -59,6 +76,11 @@ class TritonPythonModel:
         self.inputs = [str(tensor["name"]) for tensor in config["input"]]
         self.outputs = [str(tensor["name"]) for tensor in config["output"]]
         self.batched = int(config.get("max_batch_size", 0)) > 0
+        try:
+            row = one_request(model, self.backend)  # from the artifact's input spec
+        except InputError:
+            return  # no inputs to warm up with (a dim nobody pins): the first requests pay the set-up
+        warm_shapes(self.backend, row, batch_sizes(config, rows_of(row)))
 
     def execute(self, requests: list[Any]) -> list[Any]:
         feeds = [
