@@ -34,7 +34,8 @@ import numpy as np
 from harness.raw_load import binary_infer_request, http_request
 from optimize.data import parse_shape_args, resolve_inputs
 from optimize.runtimes.backends import open_backend
-from optimize.serve.batcher import Batcher, BatcherConfig
+from optimize.serve.batcher import Batcher
+from optimize.serve.batching.config import BatcherConfig
 from optimize.serve.loadgen import (
     Endpoint,
     HttpEndpoint,

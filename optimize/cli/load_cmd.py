@@ -31,7 +31,7 @@ from optimize.files import check_output_file
 from optimize.render.terminal import render_load
 from optimize.report import write_report
 from optimize.serve.app import EXIT_SLO_MISSED, LoadOptions, run_load_command
-from optimize.serve.batcher import BatcherConfig
+from optimize.serve.batching.config import BatcherConfig
 from optimize.serve.loadgen import LoadSettings
 
 EPILOG = """

@@ -18,7 +18,7 @@ from optimize.data import parse_shape_args
 from optimize.errors import UsageError
 from optimize.files import check_output_file
 from optimize.serve.app import LoadOptions, run_serve
-from optimize.serve.batcher import BatcherConfig
+from optimize.serve.batching.config import BatcherConfig
 from optimize.serve.config_search import searched_defaults
 from optimize.serve.loadgen import LoadSettings
 from optimize.serve.server import ServerConfig

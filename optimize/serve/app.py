@@ -19,7 +19,8 @@ from optimize.errors import LtoError, UsageError, message_line
 from optimize.model.runtime_model import RuntimeModel
 from optimize.report import new_report
 from optimize.serve import mlperf, polling
-from optimize.serve.batcher import Batcher, BatcherConfig
+from optimize.serve.batcher import Batcher
+from optimize.serve.batching.config import BatcherConfig
 from optimize.serve.config_search import search_config, write_serving
 from optimize.serve.floor import FloorEndpoint, throughput_alone
 from optimize.serve.loadgen import (

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from optimize.backend import Backend
-from optimize.serve.batcher import batch_shapes, warm_shapes
+from optimize.runtimes.warmup import batch_shapes, warm_shapes
 from optimize.serve.loadgen import Endpoint, Outcome
 
 FLOOR_MAX_BATCH = 8  # rows one run may take when the model's batch axis is free

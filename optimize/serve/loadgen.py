@@ -23,7 +23,7 @@ import numpy as np
 
 from optimize.errors import UsageError
 from optimize.report import new_report
-from optimize.serve.batcher import ServeError
+from optimize.serve.batching.outcomes import ServeError
 from optimize.serve.protocol import HEADER_LENGTH, encode_request
 from optimize.stats import summarize
 

@@ -9,12 +9,13 @@ import numpy as np
 
 from optimize.artifact import resolve_model
 from optimize.backend import Backend
-from optimize.data import InputSpec, embedding_vocab_sizes, feeds_from_spec, resolve_inputs
+from optimize.data import embedding_vocab_sizes
 from optimize.errors import InputError, UsageError
 from optimize.model.onnx_file import load_model
 from optimize.model.runtime_model import RuntimeModel
 from optimize.runtimes.backends import open_backend, shared_cores
 from optimize.runtimes.registry import backend_info, backend_infos
+from optimize.runtimes.warmup import one_request
 from optimize.system.env import check_thread_count, physical_cores
 
 
@@ -82,19 +83,9 @@ def calibration_row(
     """One request's feeds to calibrate the latency model, or None and the reason."""
 
     try:
-        feeds = None
-        if served.input_spec and not shapes:
-            try:
-                feeds = feeds_from_spec(InputSpec.from_json(served.input_spec))
-            except (TypeError, KeyError, ValueError):
-                # An older or partial spec: keep its shapes, generate the values here.
-                shapes = {t["name"]: tuple(t["shape"]) for t in served.input_spec.get("inputs", [])}
-        if feeds is None:
-            _, feeds = resolve_inputs(served.model_path, shapes or {}, None, batch=1, specs=backend.inputs)
+        return one_request(served, backend, shapes), None
     except InputError as exc:
         return None, f"no calibration ({exc.one_line()}); the latency model learns from the first batches"
-    fixed = {s.name for s in backend.inputs if s.shape and isinstance(s.shape[0], int)}
-    return {k: v if k in fixed or not v.ndim else np.ascontiguousarray(v[:1]) for k, v in feeds.items()}, None
 
 
 @dataclass

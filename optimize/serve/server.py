@@ -22,7 +22,8 @@ from typing import Any
 import orjson
 
 from optimize.errors import InputError, first_line
-from optimize.serve.batcher import Batcher, BatchStats, DeadlineExceeded, ModelFailure, Overloaded
+from optimize.serve.batcher import Batcher
+from optimize.serve.batching.outcomes import BatchStats, DeadlineExceeded, ModelFailure, Overloaded
 from optimize.serve.http_layer import HttpApplication, HttpLimits, HttpRequest, HttpResponse, HttpServer
 from optimize.serve.polling import PollingSelector
 from optimize.serve.protocol import (

@@ -94,29 +94,6 @@ def test_a_dynamic_batch_is_one_run_and_each_request_gets_its_rows(
     model.finalize()
 
 
-def test_each_batch_size_triton_can_form_is_prepared_before_the_first_request(
-    model_module: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    folder, config = _exported(tmp_path)
-    prepared: list[tuple[int, ...]] = []
-    real_open = model_module.open_model
-
-    def recording_open(*args: Any, **kwargs: Any) -> Any:
-        backend = real_open(*args, **kwargs)
-        real_prepare = backend.prepare
-        backend.prepare = lambda feeds: prepared.append(feeds["x"].shape) or real_prepare(feeds)
-        return backend
-
-    monkeypatch.setattr(model_module, "open_model", recording_open)
-    model = model_module.TritonPythonModel()
-    model.initialize(
-        {"model_config": json.dumps(config), "model_repository": str(folder), "model_version": "1"}
-    )
-    assert prepared == [(rows, 16) for rows in range(1, 9)]  # max_batch_size 8
-    assert model.warmed == 8
-    model.finalize()
-
-
 def test_the_export_holds_the_model_and_the_whole_artifact(tmp_path: Path) -> None:
     folder, _ = _exported(tmp_path)
     assert (folder / "1" / "model.py").read_text() == PYTHON_MODEL.read_text()
@@ -125,3 +102,44 @@ def test_the_export_holds_the_model_and_the_whole_artifact(tmp_path: Path) -> No
     marker = json.loads((folder / "lto-export.json").read_text())
     assert marker["config"]["backend"] == "python" and "1/model.py" in marker["files"]
     assert "NumPy 1.x" in " ".join(marker["warnings"])
+
+
+def test_initialize_prepares_and_runs_every_batch_size_triton_can_hand_it(
+    model_module: types.ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As `lto serve` does at start: each batch shape once, through Backend.prepare (OpenVINO compiles
+    a static model per shape) and a run, from one request made from the artifact's input spec."""
+    folder, exported = _exported(tmp_path)
+    prepared: list[tuple[int, ...]] = []
+    ran: list[tuple[int, ...]] = []
+    open_model = model_module.open_model
+
+    def spied_open(*args: Any, **kwargs: Any) -> Any:
+        backend = open_model(*args, **kwargs)
+        prepare, run = backend.prepare, backend.run
+        backend.prepare = lambda feeds: prepared.append(feeds["x"].shape) or prepare(feeds)
+        backend.run = lambda feeds: ran.append(feeds["x"].shape) or run(feeds)
+        return backend
+
+    monkeypatch.setattr(model_module, "open_model", spied_open)
+    cases = [
+        ({"max_batch_size": 4}, [1, 2, 3, 4]),  # every size the dynamic batcher can form
+        # Preferred sizes first, then the others: the batcher forms any size when its delay runs out.
+        (
+            {"max_batch_size": 8, "dynamic_batching": {"preferred_batch_size": [8, 2, 4]}},
+            [2, 4, 8, 1, 3, 5, 6, 7],
+        ),
+        ({"max_batch_size": 4, "dynamic_batching": {"preferred_batch_size": [16]}}, [1, 2, 3, 4]),  # none fit
+        ({"max_batch_size": 0}, [1]),  # no batching: the request's own shape
+    ]
+    for batching, sizes in cases:
+        config = {key: value for key, value in exported.items() if key != "dynamic_batching"}
+        model = model_module.TritonPythonModel()
+        prepared.clear()
+        ran.clear()
+        model.initialize(
+            {"model_config": json.dumps({**config, **batching}), "model_repository": str(folder),
+             "model_version": "1"}
+        )  # fmt: skip
+        assert prepared == ran == [(size, 16) for size in sizes], batching
+        model.finalize()

@@ -19,16 +19,12 @@ import numpy as np
 import pytest
 
 from optimize.errors import InputError
-from optimize.serve.batcher import (
-    Batcher,
-    BatcherConfig,
-    DeadlineExceeded,
-    LatencyModel,
-    ModelFailure,
-    Overloaded,
-    sample_row,
-)
+from optimize.serve.batcher import Batcher
+from optimize.serve.batching.config import BatcherConfig
+from optimize.serve.batching.estimators import LatencyModel
+from optimize.serve.batching.outcomes import DeadlineExceeded, ModelFailure, Overloaded
 from optimize.serve.batching.policy import max_rows_now
+from optimize.serve.batching.signature import sample_row
 from tests.serve.fake_clock import FakeClock, settle
 from tests.serve.helpers import SleepBackend, make_token_model
 

@@ -16,8 +16,9 @@ from tests.serve.fake_clock import FakeClock
 
 
 class EchoApp(HttpApplication):
-    """GET /fast answers at once; POST /slow?ms=N answers its body after N ms; POST /refuse is
-    refused on its headers; every admitted POST reserves one slot until its exchange ends."""
+    """GET /fast answers at once; POST /slow?ms=N answers its body after N ms; POST /gated answers
+    its body once the test opens `gate`; POST /refuse is refused on its headers; every admitted
+    POST reserves one slot until its exchange ends."""
 
     def __init__(self, **limits: Any) -> None:
         self.limits = HttpLimits(**{"max_body_bytes": 1 << 20, "read_timeout_s": 5.0,
@@ -28,6 +29,7 @@ class EchoApp(HttpApplication):
         self.server: HttpServer | None = None  # set by `run`
         self.counts: dict[str, int] = {}
         self.cancelled = 0
+        self.gate = asyncio.Event()  # holds /gated requests until the test sets it
 
     def admit(self, request: HttpRequest) -> HttpResponse | None:
         if request.path == "/refuse":
@@ -52,6 +54,8 @@ class EchoApp(HttpApplication):
             return HttpResponse(200, json.dumps(fields).encode())
         if request.path == "/slow":
             return self._slow(request)
+        if request.path == "/gated":
+            return self._gated(request)
         if request.path == "/catch":
             return self._catch()
         if request.path == "/raise":
@@ -79,6 +83,10 @@ class EchoApp(HttpApplication):
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
+        return HttpResponse(200, request.body, "application/octet-stream")
+
+    async def _gated(self, request: HttpRequest) -> HttpResponse:
+        await self.gate.wait()
         return HttpResponse(200, request.body, "application/octet-stream")
 
     def count(self, outcome: str) -> None:

@@ -26,6 +26,7 @@ from optimize.serve.http_layer import (
     HttpResponse,
     HttpServer,
 )
+from optimize.serve.http_layer.reader import MessageReader
 
 Seen = tuple[bytes, bytes, bytes]  # method, target, body
 REFUSED = b"<refused on the head>"
@@ -91,25 +92,25 @@ class _Recorder(HttpApplication):
         return HttpResponse(status, message.encode())
 
 
-class _OneMessagePerFeed(HttpConnection):
+class _OneMessagePerFeed(MessageReader):
     """Checks the layer's framing invariant: no feed of the parser spans two messages (so each
     wire byte is counted against its own message and parsing can stop between any two)."""
 
-    def __init__(self, server: HttpServer) -> None:
-        super().__init__(server)
+    def __init__(self, connection: HttpConnection) -> None:
+        super().__init__(connection, connection.limits, connection.clock)
         self.events: list[str] = []
         parser = self.parser
-        connection = self
+        reader = self
 
         class Parser:
             def feed_data(self, data: Any) -> None:
-                connection.events = []
+                reader.events = []
                 try:
                     parser.feed_data(data)
                 finally:
-                    assert connection.events in ([], ["begin"], ["complete"], ["begin", "complete"]), (
+                    assert reader.events in ([], ["begin"], ["complete"], ["begin", "complete"]), (
                         bytes(data),
-                        connection.events,
+                        reader.events,
                     )
 
             def __getattr__(self, name: str) -> Any:
@@ -130,7 +131,8 @@ def lto_reads(reads: list[bytes]) -> tuple[list[Seen], bytes]:
     async def main() -> tuple[list[Seen], bytes]:
         app = _Recorder()
         server = HttpServer(app, HttpLimits())
-        connection = _OneMessagePerFeed(server)
+        connection = HttpConnection(server)
+        connection.reader = _OneMessagePerFeed(connection)
         transport = _Transport()
         connection.connection_made(transport)
         for data in reads:

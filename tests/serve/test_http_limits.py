@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import socket
-import time
 from typing import Any
 
 import pytest
@@ -240,6 +239,7 @@ def test_a_refusing_close_lingers_so_a_client_still_sending_reads_its_413() -> N
 # ----------------------------------------------------------------------------- a client that does not read
 def test_a_client_that_stops_reading_is_not_parsed_further_and_is_dropped_at_the_send_timeout() -> None:
     app = EchoApp(send_timeout_s=0.5, max_pipelined=4)
+    clock = FakeClock()
 
     async def body(port: int) -> None:
         sock = socket.socket()
@@ -253,14 +253,15 @@ def test_a_client_that_stops_reading_is_not_parsed_further_and_is_dropped_at_the
             assert server is not None
             while not server.connections:
                 await asyncio.sleep(0.01)
-            most_owed, start = 0, time.monotonic()
-            while server.connections and time.monotonic() - start < 10:
+            most_owed, start = 0, clock.now()
+            while server.connections and clock.now() - start < 10:
                 for connection in list(server.connections):
                     if connection.transport is not None:
                         most_owed = max(most_owed, connection.transport.get_write_buffer_size())
                 await normal_ok(port)
-                await asyncio.sleep(0.02)
-            gone_after = time.monotonic() - start
+                await clock.advance(0.05)  # of the server's time: its sweep checks the send timeout
+                await asyncio.sleep(0.005)  # the I/O the step caused
+            gone_after = clock.now() - start
             assert not server.connections, "the stuck connection was never dropped"
             assert gone_after < 0.5 + 2.0
             # Parsing stopped with the answers owed: not 1,000 answers of 64 KiB queued.
@@ -269,7 +270,7 @@ def test_a_client_that_stops_reading_is_not_parsed_further_and_is_dropped_at_the
         finally:
             writer.transport.abort()
 
-    run(app, body)
+    run(app, body, clock)
     assert app.counts.get("send_timeout") == 1
 
 
@@ -295,23 +296,29 @@ def test_one_connection_pipelining_many_requests_takes_turns_with_the_others() -
 
 def test_the_read_timeout_stops_while_the_server_itself_does_not_read() -> None:
     app = EchoApp(read_timeout_s=0.3, max_pipelined=1)
+    clock = FakeClock()
 
     async def body(port: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
-            # The second request waits unread behind the first (0.8 s); its body comes 0.5 s in.
+            # The second request waits unread behind the first, held at the gate for ten read
+            # timeouts of the server's time; its body comes in the middle of them.
             writer.write(
-                post("/slow?ms=800", b"first")
-                + b"POST /slow?ms=0 HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\n"
+                post("/gated", b"first") + b"POST /slow?ms=0 HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\n"
             )
-            await asyncio.sleep(0.5)
-            writer.write(b"xyz")
+            for step in range(30):
+                if step == 15:
+                    writer.write(b"xyz")
+                await clock.advance(0.1)
+                await asyncio.sleep(0.005)  # the I/O the step caused
+            assert [r.path for r in app.handled] == ["/gated"]  # the second is not read yet
+            app.gate.set()
             assert (await read_answer(reader))[::2] == (200, b"first")
             assert (await read_answer(reader))[::2] == (200, b"xyz")
         finally:
             writer.transport.abort()
 
-    run(app, body)
+    run(app, body, clock)
     assert "read_timeout" not in app.counts
 
 

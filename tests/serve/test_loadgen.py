@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from optimize.report import validate_report
-from optimize.serve.batcher import Batcher, BatcherConfig
+from optimize.serve.batcher import Batcher
+from optimize.serve.batching.config import BatcherConfig
 from optimize.serve.loadgen import (
     Endpoint,
     InProcessEndpoint,

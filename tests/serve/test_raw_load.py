@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from harness.raw_load import infer_load
-from optimize.serve.batcher import Batcher, BatcherConfig
+from optimize.serve.batcher import Batcher
+from optimize.serve.batching.config import BatcherConfig
 from optimize.serve.server import InferenceServer, ServerConfig
 from tests.serve.helpers import SleepBackend
 from tests.serve.test_under_load import LONG, metric, serve, x

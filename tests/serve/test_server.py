@@ -21,7 +21,8 @@ import pytest
 
 from optimize.backend import Backend
 from optimize.runtimes.backends import open_backend
-from optimize.serve.batcher import Batcher, BatcherConfig
+from optimize.serve.batcher import Batcher
+from optimize.serve.batching.config import BatcherConfig
 from optimize.serve.protocol import HEADER_LENGTH, decode_response, encode_request
 from optimize.serve.server import InferenceServer, ServerConfig
 from tests.cli_helpers import ROOT

@@ -19,7 +19,8 @@ import pytest
 from optimize.artifact import resolve_model
 from optimize.backend import Backend
 from optimize.runtimes.backends import open_backend
-from optimize.serve.batcher import Batcher, BatcherConfig
+from optimize.serve.batcher import Batcher
+from optimize.serve.batching.config import BatcherConfig
 from optimize.serve.loading import input_limits
 from optimize.serve.server import InferenceServer, ServerConfig
 from tests.cli_helpers import ROOT, run_cli

@@ -10,10 +10,10 @@ applies as lto applied it, including those Triton's native backends cannot expre
 fused subgraphs off, ONNX Runtime with spinning off).
 
 Each model instance is a process of its own (Triton's python backend): with several instances, each
-takes its share of the cores, as `lto serve --instances` does. Like `lto serve`, each instance
-prepares and runs every batch size Triton's dynamic batcher can form (1 to max_batch_size) once
-before it takes requests, within the same time budget: OpenVINO compiles a model per input shape,
-and without this the first request of each batch size pays for that compilation.
+takes its share of the cores, as `lto serve --instances` does. Like `lto serve`, each warms up before
+its first request: every batch size Triton's dynamic batcher can hand it (1 to max_batch_size, the
+preferred sizes first when the config names some) is prepared (`Backend.prepare`: OpenVINO compiles
+the model for that shape) and run once, within lto serve's time budget (optimize/runtimes/warmup.py).
 """
 
 from __future__ import annotations
@@ -33,10 +33,23 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from optimize.artifact import resolve_model  # noqa: E402
 from optimize.backend import Backend  # noqa: E402
+from optimize.errors import InputError  # noqa: E402
 from optimize.export.triton import ARTIFACT_FOLDER  # noqa: E402
 from optimize.runtimes.backends import open_model, shared_cores  # noqa: E402
-from optimize.serve.batching.signature import batch_shapes, rows_of, warm_shapes  # noqa: E402
-from optimize.serve.loading import calibration_row  # noqa: E402
+from optimize.runtimes.warmup import batch_shapes, one_request, rows_of, warm_shapes  # noqa: E402
+
+
+def batch_sizes(config: dict[str, Any], rows: int) -> list[int]:
+    """The batch sizes (rows) `execute` is handed, from requests of `rows` rows: Triton's preferred
+    batch sizes first when the config names them, then every other size its dynamic batcher can
+    form up to max_batch_size (it forms any size when the queue delay runs out); `rows` alone when
+    the model does not batch (max_batch_size 0)."""
+    max_batch = int(config.get("max_batch_size", 0))
+    if max_batch <= 0:
+        return [rows]
+    preferred = config.get("dynamic_batching", {}).get("preferred_batch_size", [])
+    first = sorted({int(size) for size in preferred if 0 < int(size) <= max_batch and int(size) % rows == 0})
+    return first + [size for size in batch_shapes(rows, max_batch) if size not in first]
 
 
 def split_rows(outputs: dict[str, np.ndarray], sizes: list[int]) -> list[dict[str, np.ndarray]]:
@@ -63,18 +76,12 @@ class TritonPythonModel:
         )
         self.inputs = [str(tensor["name"]) for tensor in config["input"]]
         self.outputs = [str(tensor["name"]) for tensor in config["output"]]
-        self.max_batch = int(config.get("max_batch_size", 0))
-        self.batched = self.max_batch > 0
-        self.warmed = self._warm(model)
-
-    def _warm(self, model: Any) -> int:
-        """Prepare and run each batch size this instance can be given once; how many ran."""
-        row, _ = calibration_row(model, self.backend)
-        if row is None:  # no input spec to make a row from: the first requests pay the set-up
-            return 0
-        per = rows_of(row)
-        sizes = batch_shapes(per, self.max_batch) if self.batched else [per]
-        return warm_shapes(self.backend, row, sizes)
+        self.batched = int(config.get("max_batch_size", 0)) > 0
+        try:
+            row = one_request(model, self.backend)  # from the artifact's input spec
+        except InputError:
+            return  # no inputs to warm up with (a dim nobody pins): the first requests pay the set-up
+        warm_shapes(self.backend, row, batch_sizes(config, rows_of(row)))
 
     def execute(self, requests: list[Any]) -> list[Any]:
         feeds = [

@@ -15,16 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from optimize.backend import Backend
+from optimize.runtimes.warmup import batch_shapes, rows_of, warm_shapes
+from optimize.serve.batching.config import BatcherConfig
 from optimize.serve.batching.estimators import LatencyModel
-from optimize.serve.batching.signature import (
-    BatchPart,
-    ModelSignature,
-    assemble,
-    batch_shapes,
-    rows_of,
-    split,
-    warm_shapes,
-)
+from optimize.serve.batching.signature import BatchPart, ModelSignature, assemble, split
 from optimize.serve.clock import Clock
 
 Feeds = dict[str, np.ndarray]
@@ -123,6 +117,28 @@ class Instances:
         outputs = self.backends[instance].run(feeds)
         t_end = self.clock.now()
         return split(self.signature, batch, outputs), t_asm, t_run, t_end, work
+
+    async def warm_up(
+        self,
+        row: Mapping[str, np.ndarray],
+        latency: LatencyModel,
+        work_of: Callable[[Mapping[str, np.ndarray]], float],
+        *,
+        max_rows: int,
+        config: BatcherConfig,
+    ) -> None:
+        """Run every batch shape of `row` once on every instance, then, when `config` says so,
+        calibrate `latency`: calibration then times the prepared runs that requests will get."""
+        await self.warm(row, max_rows)
+        if config.calibrate:
+            await self.calibrate(
+                row,
+                latency,
+                work_of,
+                max_rows=max_rows,
+                budget_ms=config.model_budget_ms,
+                runs=config.calibration_runs,
+            )
 
     async def warm(self, row: Mapping[str, np.ndarray], max_rows: int) -> None:
         """Every instance prepares and runs every batch it can form of such rows once, so that no

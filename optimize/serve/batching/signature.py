@@ -6,7 +6,6 @@ build one model call from a batch of requests and cut its outputs back into thei
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -141,41 +140,36 @@ def batch_key(
     return tuple(parts)
 
 
-WARM_BUDGET_S = 10.0  # start-up time spent running every batch shape once, at most, per instance
-
-
-def batch_shapes(rows_per_request: int, max_rows: int) -> list[int]:
-    """The batch sizes (in rows) a batcher forms from requests of `rows_per_request` rows."""
-    per = max(1, rows_per_request)
-    return list(range(per, max(per, max_rows) + 1, per)) if max_rows >= per else [per]
-
-
-def warm_shapes(backend: Backend, row: Mapping[str, np.ndarray], sizes: Sequence[int]) -> int:
-    """Run `row` stacked to each size once (until WARM_BUDGET_S); how many sizes ran."""
-    per = rows_of(row)
-    start = time.perf_counter()
-    done = 0
-    for size in sizes:
-        if time.perf_counter() - start > WARM_BUDGET_S:
-            break
-        copies = max(1, size // per)
-        feeds = {k: np.concatenate([v] * copies, axis=0) if copies > 1 else v for k, v in row.items()}
-        backend.prepare(feeds)
-        backend.run(feeds)
-        done += 1
-    return done
-
-
-def rows_of(feeds: Mapping[str, np.ndarray]) -> int:
-    """A request's rows: axis 0 of its first input."""
-    for arr in feeds.values():
-        return int(arr.shape[0]) if arr.ndim else 1
-    return 1
-
-
 def elements_of(feeds: Mapping[str, np.ndarray]) -> float:
     """Input elements over all inputs (at least 1): the measure of a batch's work."""
     return float(sum(arr.size for arr in feeds.values())) or 1.0
+
+
+class WorkMeasure:
+    """A batch's work: its input elements relative to those of one reference row (the calibration
+    row, or else the first request's), so that one latency model covers batch size and sequence
+    length alike."""
+
+    def __init__(self) -> None:
+        self.row_elements: float | None = None
+
+    def reference(self, feeds: Mapping[str, np.ndarray], rows: int) -> None:
+        """Take one row of `feeds` (of `rows` rows) as one unit of work, unless a unit is set."""
+        self.row_elements = self.row_elements or elements_of(feeds) / rows
+
+    def of(self, feeds: Mapping[str, np.ndarray]) -> float:
+        """The work of a model call on `feeds`."""
+        return elements_of(feeds) / (self.row_elements or 1.0)
+
+    def of_request(
+        self, feeds: Mapping[str, np.ndarray], rows: int, seq_len: int | None, bucket: int | None
+    ) -> float:
+        """The work a request of `rows` rows adds to its batch, token inputs padded to `bucket`."""
+        assert self.row_elements is not None, "reference() first"
+        row_elements = elements_of(feeds) / max(1, rows)
+        if seq_len and bucket:
+            row_elements *= bucket / seq_len  # padded to its bucket
+        return rows * row_elements / self.row_elements
 
 
 def sample_row(

@@ -33,8 +33,10 @@ The parts, by role:
 limits.py        HttpLimits: every limit (sizes, timeouts, counts) in one object
 messages.py      HttpRequest, HttpResponse, the HttpApplication interface, a response's bytes
 framing.py       where a head and a chunked body end on the wire (one message per parser feed)
-connection.py    the protocol: one connection's bytes parsed into requests, answers written in order
-cycle.py         one request's exchange, from its head to its end (body, charge, answer)
+connection.py    the protocol: one connection's transport events, pausing, answers and closing
+reader.py        bytes into requests: the parser fed one message part at a time, the read timeout
+cycle.py         one request's exchange, from its head to its end (admission, body, charge, answer),
+                 and the answers owed, written in the order the requests arrived
 flow_control.py  when a connection's reading pauses, and whether its owed bytes move
 server.py        HttpServer: listening, per-server and per-client accounting, the limits' sweep
 """

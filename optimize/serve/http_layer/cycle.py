@@ -3,6 +3,8 @@
 An `Exchange` holds the request as it arrives (its body charged to the server's budgets as it
 comes), the application's task and answer, and ends exactly once, whether answered, refused,
 timed out or abandoned: then what it was charged is given back and `request.on_end` is called.
+`head_refusal` is what a head alone can be refused for; `AnswerQueue` keeps a connection's
+exchanges in the order their requests arrived and writes their answers in that order.
 """
 
 from __future__ import annotations
@@ -10,11 +12,19 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from optimize.serve.http_layer.messages import HttpApplication, HttpRequest, HttpResponse
+from optimize.serve.http_layer.limits import HttpLimits
+from optimize.serve.http_layer.messages import (
+    HttpApplication,
+    HttpRequest,
+    HttpResponse,
+    serialize,
+    with_retry_after,
+)
 
 log = logging.getLogger("lto.serve")
 
@@ -49,6 +59,13 @@ class Exchange:
         else:
             self.body.append(chunk)
 
+    def arrived(self, now: float) -> None:
+        """The whole request is here: unless refused, its body goes to the request."""
+        self.complete = True
+        if not self.refused:
+            self.request.body = self.take_body()
+            self.request.body_done = now
+
     def take_body(self) -> bytes | bytearray:
         """The whole body, handed to the request; the exchange keeps no reference to it."""
         body = self.grown if self.grown is not None else (self.body[0] if self.body else b"")
@@ -81,6 +98,13 @@ class Exchange:
             response = internal_error(app, self.request, exc)
         answer(self, response)
 
+    def send_continue(self, transport: asyncio.Transport | None) -> None:
+        """Tell an `Expect: 100-continue` client to send its body now, unless it has already sent
+        it (or `transport` is None: the connection is closed)."""
+        self.continue_owed = False
+        if transport is not None and not self.complete:
+            transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
     def refuse(self) -> None:
         """Answered before its body arrived: drop what arrived, give back what it was charged."""
         self.refused = True
@@ -106,3 +130,96 @@ def internal_error(app: HttpApplication, request: HttpRequest, exc: Exception) -
     log.error("internal error on %s %s: %s", request.method, request.path, exc)
     app.count("error")
     return app.error_response(500, "internal error")
+
+
+def head_refusal(
+    app: HttpApplication,
+    limits: HttpLimits,
+    request: HttpRequest,
+    declared_refusal: Callable[[int], str | None],
+) -> HttpResponse | None:
+    """The answer to a request refused on its head alone, if it is: a declared body over the limit
+    (413, closing the connection), the application's own refusal, or 503 when the declared body
+    cannot fit in what the server's budgets have free now (`declared_refusal` says why)."""
+    limit = limits.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        app.count("too_large")
+        message = f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes"
+        response = app.error_response(413, message)
+        response.close = True
+        return response
+    try:
+        refusal = app.admit(request)
+    except Exception as exc:
+        refusal = internal_error(app, request, exc)
+    length = request.content_length
+    if refusal is None and length and (reason := declared_refusal(length)):
+        refusal = with_retry_after(app.error_response(503, f"overloaded: {reason}"))
+        app.count("overloaded")
+    return refusal
+
+
+class AnswerQueue:
+    """The exchanges a connection owes answers to, in the order their requests arrived: an answer
+    goes out only once every answer before it has (HTTP/1.1 pipelining)."""
+
+    __slots__ = ("exchanges",)
+
+    def __init__(self) -> None:
+        self.exchanges: deque[Exchange] = deque()
+
+    def __len__(self) -> int:
+        return len(self.exchanges)
+
+    def __iter__(self) -> Iterator[Exchange]:
+        return iter(self.exchanges)
+
+    def add(self, exchange: Exchange) -> None:
+        self.exchanges.append(exchange)
+
+    def first(self) -> Exchange | None:
+        return self.exchanges[0] if self.exchanges else None
+
+    def last(self) -> Exchange | None:
+        return self.exchanges[-1] if self.exchanges else None
+
+    def flush(self, transport: asyncio.Transport | None) -> Exchange | None:
+        """Write the answers now due, in order (`transport` None: the connection is closed, write
+        nothing); the exchange whose answer closes the connection, if one does: nothing after it
+        goes out. Then the next exchange, if it waits for `100 Continue`, gets it."""
+        while self.exchanges and self.exchanges[0].response is not None:
+            ex = self.exchanges.popleft()
+            response = ex.response
+            assert response is not None
+            close = response.close or ex.close_after
+            if transport is not None:
+                transport.write(serialize(ex.request, response, close))
+            if ex.complete or close:
+                ex.end()  # else: refused while its body arrives; it ends when the body is done
+            if close:
+                return ex
+        if self.exchanges and self.exchanges[0].continue_owed:
+            self.exchanges[0].send_continue(transport)  # its turn: now it may send its body
+        return None
+
+    def error_exchange(self, reading: Exchange | None, now: float) -> Exchange:
+        """The exchange that carries the answer to a connection's last error: `reading` (the one
+        whose body was arriving) unless it has its answer already; then it ends, and a new one is
+        queued after the others."""
+        if reading is not None and reading.response is None:
+            return reading
+        ex = Exchange(HttpRequest("GET", "", "", {}, None, now))
+        self.add(ex)
+        if reading is not None:
+            reading.end()
+        return ex
+
+    def abandon(self, reading: Exchange | None) -> None:
+        """The connection is gone, with these exchanges and `reading` (the one whose body was
+        arriving, if any): nobody to answer, so their handlers' tasks are cancelled (a queued
+        request leaves the batcher's queue) and every exchange ends."""
+        for ex in [*self.exchanges, *([reading] if reading is not None else [])]:
+            if ex.task is not None and not ex.task.done():
+                ex.task.cancel()
+            ex.end()
+        self.exchanges.clear()

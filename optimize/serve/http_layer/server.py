@@ -124,7 +124,7 @@ class HttpServer:
             self._sweep_timer = None
         if self._server is not None:
             self._server.close()
-        tasks = [ex.task for c in self.connections for ex in c.exchanges if ex.task is not None]
+        tasks = [ex.task for c in self.connections for ex in c.answers if ex.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
         for connection in list(self.connections):

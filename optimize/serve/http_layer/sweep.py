@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from optimize.serve.http_layer.connection import HttpConnection, Phase
+from optimize.serve.http_layer.connection import HttpConnection
+from optimize.serve.http_layer.reader import Phase
 
 log = logging.getLogger("lto.serve")
 
@@ -31,8 +32,9 @@ def sweep(connection: HttpConnection, now: float) -> None:
         return
     if connection.closing:
         return
-    if connection.heads_seen == 0 and now - connection.accepted > limits.first_request_timeout_s:
-        if connection.in_message:
+    reader = connection.reader
+    if reader.heads_seen == 0 and now - connection.accepted > limits.first_request_timeout_s:
+        if reader.in_message:
             message = f"no whole request within {limits.first_request_timeout_s:g} s of connecting"
             connection.give_up(408, message, "read_timeout")
         else:
@@ -41,9 +43,9 @@ def sweep(connection: HttpConnection, now: float) -> None:
     if connection.idle_for(now) > limits.keepalive_s:
         connection.close()
         return
-    ex = connection.reading
-    if ex is not None and not ex.refused and not connection.flow.paused and connection.phase is Phase.BODY:
-        start, received = connection.rate_mark
+    ex = reader.reading
+    if ex is not None and not ex.refused and not connection.flow.paused and reader.phase is Phase.BODY:
+        start, received = reader.rate_mark
         if now - start >= limits.rate_window_s:
             rate = (ex.received - received) / (now - start)
             if rate < limits.min_body_rate:
@@ -54,4 +56,4 @@ def sweep(connection: HttpConnection, now: float) -> None:
                     "read_timeout",
                 )
                 return
-            connection.rate_mark = (now, ex.received)
+            reader.rate_mark = (now, ex.received)
