@@ -32,13 +32,17 @@ from harness import tritonserver
 ROOT = Path(__file__).resolve().parent.parent
 
 
+class LtoFailed(Exception):
+    pass
+
+
 def lto(*args: str | Path) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, "-m", "optimize", *map(str, args), "--json"],
         capture_output=True, text=True, cwd=ROOT, check=False,
     )  # fmt: skip
     if proc.returncode not in (0, 1):  # lto load exits 1 when a verdict fails; the figures stand
-        raise SystemExit(f"lto {args[0]} failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
+        raise LtoFailed(f"lto {args[0]} failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
     return dict(json.loads(proc.stdout))
 
 
@@ -96,8 +100,12 @@ def triton(artifact: Path, rates: list[float], args: argparse.Namespace) -> dict
     found = tritonserver.install()
     with tempfile.TemporaryDirectory(prefix="lto-serve-floor-") as tmp:
         repo = Path(tmp) / "repo"
-        lto("export", artifact, "--triton", repo, "--name", "m", "--backend", "python",
-            "--measure-batches", "1,2,4,8", "--slo-ms", f"{args.slo_ms:g}")  # fmt: skip
+        export = ["export", artifact, "--triton", repo, "--name", "m", "--backend", "python"]
+        try:
+            lto(*export, "--measure-batches", "1,2,4,8", "--slo-ms", f"{args.slo_ms:g}")
+        except LtoFailed as exc:  # a model whose batch axis is fixed: Triton serves it unbatched
+            print(f"  {exc}; exporting without a batch profile", file=sys.stderr, flush=True)
+            lto(*export)
         server = tritonserver.start(found, repo, Path(tmp) / "triton.log", python_path=sys.path)
         try:
             return {"flags": ["tritonserver, python backend"], **drive(server.url, artifact, rates, args)}
@@ -184,9 +192,15 @@ def main(argv: list[str] | None = None) -> int:
         for label, flags in configs:
             print(f"{artifact.name}: {label} ({' '.join(flags) or 'no flags'})", file=sys.stderr, flush=True)
             results[label] = one_config(artifact, flags, rates, args)
+            # Kept as it comes: a later configuration that fails does not lose this one's figures.
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.with_suffix(".partial.json").write_text(json.dumps({str(artifact): results}, indent=1))
         if args.triton:
             print(f"{artifact.name}: Triton, python backend", file=sys.stderr, flush=True)
-            results["Triton (python backend)"] = triton(artifact, rates, args)
+            try:
+                results["Triton (python backend)"] = triton(artifact, rates, args)
+            except LtoFailed as exc:  # the other rows stand; say why this one is missing
+                print(f"  Triton not measured: {exc}", file=sys.stderr, flush=True)
         texts.append(table(artifact.name, alone_ms, results, args.slo_ms))
         raw[str(artifact)] = {"alone_ms": alone_ms, "configs": results}
         print(texts[-1], flush=True)
