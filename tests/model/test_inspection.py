@@ -7,11 +7,12 @@ from pathlib import Path
 
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
 
 from optimize.errors import InputError
 from optimize.model.inspection import inspect_model
 from tests.cli_helpers import assert_clean_error, run_cli
+from tests.model.models import write_mixed_types_model
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_models"
@@ -188,19 +189,7 @@ def test_contrib_ops_are_listed_as_not_counted(tmp_path: Path) -> None:
 
 
 def test_inspect_reports_failed_checks_instead_of_failing(tmp_path: Path) -> None:
-    graph = helper.make_graph(
-        [helper.make_node("Add", ["a", "b"], ["c"])],
-        "mixed",
-        [
-            helper.make_tensor_value_info("a", TensorProto.FLOAT, [2]),
-            helper.make_tensor_value_info("b", TensorProto.INT64, [2]),
-        ],
-        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = tmp_path / "mixed.onnx"
-    path.write_bytes(model.SerializeToString())
+    path = write_mixed_types_model(tmp_path / "mixed.onnx")
     proc = run_cli("inspect", path)
     assert proc.returncode == 0, proc.stderr
     assert "onnx.checker (full): failed" in proc.stdout

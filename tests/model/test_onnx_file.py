@@ -23,6 +23,7 @@ from optimize.model.onnx_file import (
     uses_external_data,
 )
 from tests.cli_helpers import assert_clean_error, run_cli
+from tests.model.models import write_mixed_types_model
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = ROOT / "sample_models" / "mlp_small.onnx"
@@ -162,18 +163,7 @@ def test_missing_external_data_is_a_model_error(tmp_path: Path) -> None:
 
 def test_check_model_reports_type_errors_without_raising(tmp_path: Path) -> None:
     # Structurally fine (load_model accepts it) but float + int64 fails type inference.
-    graph = helper.make_graph(
-        [helper.make_node("Add", ["a", "b"], ["c"])],
-        "mixed",
-        [
-            helper.make_tensor_value_info("a", TensorProto.FLOAT, [2]),
-            helper.make_tensor_value_info("b", TensorProto.INT64, [2]),
-        ],
-        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path = _save(model, tmp_path / "mixed.onnx")
+    path = write_mixed_types_model(tmp_path / "mixed.onnx")
     load_model(path)
     result = check_model(path)
     assert result["checker"]["ok"] is False
