@@ -65,6 +65,12 @@ class Outcome(TextEnum):
     FAILED = "failed"
 
 
+# In a candidate's details: the label of the mixed-precision candidate whose lift it prices (the
+# same quantized model with nothing lifted). The pipeline times such a candidate though it fails
+# the accuracy gate, and never keeps it: the report says what lifting cost in speed.
+LIFT_REFERENCE_KEY = "lift_reference_for"
+
+
 @dataclass
 class StageContext:
     """What a stage may read, and the services the pipeline lends it."""

@@ -360,7 +360,7 @@ class Evaluator:
             return record, None, no_accuracy
         record.accuracy = accuracy_json(accuracy)
         record.numerics = self.numerics_of(cand, accuracy)
-        if not accuracy.ok:
+        if not accuracy.ok and not judge.timed_though_inaccurate(cand):
             record.take(judge.inaccurate(accuracy))
             return record, None, accuracy
         best = self.best.candidate
@@ -372,6 +372,9 @@ class Evaluator:
                 record.reason = f"benchmarking failed: {first_line(exc)}"
                 return record, None, accuracy
             decision = self._judge(record, "comparison", versus_best, versus_baseline, best.label)
+            if not accuracy.ok:
+                record.take(judge.inaccurate(accuracy, timed=decision))
+                return record, None, accuracy
             if accuracy.unverified:
                 # Measured so the report can say what verifying it would gain; never adopted, so
                 # no confirmation run is spent on it.

@@ -16,7 +16,7 @@ from optimize.pipeline.record import Decision, Figures, StageRecord
 from optimize.pipeline.request import OptimizeRequest, stage_disabled_reason
 from optimize.recipes import Recipe, StageSpec
 from optimize.render.common import modes_sentence
-from optimize.stage import Status
+from optimize.stage import LIFT_REFERENCE_KEY, Status
 from optimize.stats import percentile_ci
 
 if TYPE_CHECKING:
@@ -102,9 +102,27 @@ def weigh_evidence(result: AccuracyResult, precision: str, evidence: Evidence | 
     return replace(result, ok=True, unverified=f"{evidence.why_not()}; on these rows it passed")
 
 
-def inaccurate(accuracy: AccuracyResult) -> Decision:
-    """A candidate whose outputs failed the accuracy gate is rejected before any timing."""
-    return Decision(Status.REJECTED, f"inaccurate: {accuracy.reason}", inaccurate=True)
+def timed_though_inaccurate(cand: Candidate) -> bool:
+    """A candidate that fails the gate is not timed, except the one a stage yields to price a
+    mixed-precision candidate's lift (the same quantized model with nothing lifted): its speed is
+    what the lifted nodes gave up."""
+    return bool(cand.details.get(LIFT_REFERENCE_KEY))
+
+
+def inaccurate(accuracy: AccuracyResult, timed: Decision | None = None) -> Decision:
+    """A candidate whose outputs failed the accuracy gate is rejected, before any timing unless
+    it prices a lift (`timed`: the judge's decision on its timing, whose figures it keeps)."""
+    reason = f"inaccurate: {accuracy.reason}"
+    if timed is None or timed.figures is None:
+        return Decision(Status.REJECTED, reason, inaccurate=True)
+    figures = timed.figures
+    speed = (
+        f"{figures.speedup:.2f}x over the baseline"
+        if figures.speedup is not None
+        else f"{figures.ratio:.3f}x the {figures.metric} of {figures.versus.get('label')}"
+    )
+    speed = f"timed to price the lift: {speed}"
+    return Decision(Status.REJECTED, f"{reason}; {speed}", figures=figures, inaccurate=True)
 
 
 def hold_unverified(decision: Decision, accuracy: AccuracyResult) -> Decision:

@@ -239,7 +239,9 @@ def mix_lines(section: Mapping[str, Any], limit: int = 8) -> list[str]:
         f"- precision by layer: {elsewhere}; {len(lifted)} node(s) lifted out of {main} to pass the "
         f"accuracy gate, at {lifted[0]['precision']}{errors}: {names}{more}"
     ]
-    row = next((r for r in (section.get("stages") or []) if r.get("label") == best.get("label")), {})
+    stages = section.get("stages") or []
+    lines += lift_price_lines(stages, best)
+    row = next((r for r in stages if r.get("label") == best.get("label")), {})
     attempts = (row.get("details") or {}).get("attempts") or []
     if attempts:
         head = "| search step | nodes out of int8 | float parts at | accuracy gate |"
@@ -252,6 +254,51 @@ def mix_lines(section: Mapping[str, Any], limit: int = 8) -> list[str]:
             lines.append(f"| {step} | {a.get('excluded', '')} | {a.get('float_parts', 'fp32')} | {gate} |")
         lines.append("")
     return lines
+
+
+# Set in a candidate's details by the stage that priced a lift (optimize.stage.LIFT_REFERENCE_KEY;
+# render does not import the stage layer): the label of the mixed candidate it is the twin of.
+_LIFT_REFERENCE = "lift_reference_for"
+
+
+def lift_price_lines(stages: list[Mapping[str, Any]], best: Mapping[str, Any]) -> list[str]:
+    """What the shipped mix's lift cost in speed: its twin with nothing lifted, timed though it
+    failed the gate. Side by side with the mix in one measurement when the mix was the best then;
+    else each one's speedup over the baseline, from its own comparison."""
+    twin = next(
+        (
+            r
+            for r in stages
+            if (r.get("details") or {}).get(_LIFT_REFERENCE) == best.get("label")
+            and r.get("speedup_vs_baseline")
+        ),
+        None,
+    )
+    if twin is None:
+        return []
+    failed = str(twin.get("reason", "")).partition("; timed to price the lift")[0]
+    failed = failed.removeprefix("inaccurate: ")
+    metric = twin.get("metric") or "p50"
+    versus = twin.get("versus") or {}
+    mine, theirs = (twin.get("latency_ms") or {}).get(metric), (versus.get("latency_ms") or {}).get(metric)
+    if versus.get("label") == best.get("label") and mine and theirs:
+        lo, hi = twin.get("ratio_ci95") or (None, None)
+        interval = f", 95% CI {1 / hi:.2f}–{1 / lo:.2f}" if lo and hi else ""
+        cost = (
+            f"ran {metric} {mine:.3f} ms against the mix's {theirs:.3f} ms, side by side: the lift "
+            f"costs {theirs / mine:.2f}x in latency{interval}"
+        )
+    else:
+        mix = next(
+            (r for r in stages if r.get("label") == best.get("label") and r.get("speedup_vs_baseline")), {}
+        )
+        theirs_x = f"{float(mix['speedup_vs_baseline']):.2f}x in its own" if mix else "not timed beside it"
+        cost = (
+            f"ran at {float(twin['speedup_vs_baseline']):.2f}x over the baseline in its comparison "
+            f"(the mix: {theirs_x})"
+        )
+    return [f"- the price of the lift: with nothing lifted, `{twin.get('label')}` {cost}; it failed "
+            f"the gate ({failed})"]  # fmt: skip
 
 
 def summary_lines(section: Mapping[str, Any], model_path: str) -> list[str]:

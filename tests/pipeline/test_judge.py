@@ -13,7 +13,7 @@ from optimize.pipeline import judge
 from optimize.pipeline.record import Decision
 from optimize.pipeline.request import OptimizeRequest
 from optimize.recipes import StageSpec
-from optimize.stage import Candidate, Status
+from optimize.stage import LIFT_REFERENCE_KEY, Candidate, Status
 from tests.pipeline.values import comparison, recipe, row
 
 
@@ -74,6 +74,22 @@ def test_an_inaccurate_candidate_is_rejected_for_its_outputs_before_any_timing()
     target = row("fake", Status.FAILED)
     target.take(decision)
     assert target.outcome() == "inaccurate" and target.latency_ms is None
+
+
+def test_only_a_stages_unlifted_twin_is_timed_though_inaccurate_and_it_is_never_kept() -> None:
+    plain = Candidate("q:int8-unlifted", Path("q.xml"), details={LIFT_REFERENCE_KEY: "q:int8"})
+    assert judge.timed_though_inaccurate(plain)
+    assert not judge.timed_though_inaccurate(Candidate("q:int8", Path("q.xml")))
+    failed = AccuracyResult(False, "cosine 0.9 < 0.99", {})
+    timed = decide(0.8, (0.75, 0.85))  # faster than the best: still not kept
+    decision = judge.inaccurate(failed, timed=timed)
+    assert decision.status == Status.REJECTED and decision.inaccurate
+    assert decision.figures == timed.figures
+    assert decision.reason.startswith("inaccurate: cosine 0.9 < 0.99; timed to price the lift: ")
+    assert decision.reason.endswith("x over the baseline")
+    target = row("q:int8-unlifted", Status.FAILED)
+    target.take(decision)
+    assert target.outcome() == "inaccurate" and target.speedup == timed.figures.speedup
 
 
 def test_an_unverified_winner_is_held_back_and_losers_stay_as_they_are() -> None:

@@ -39,7 +39,7 @@ from optimize.report import load_report
 from optimize.runtimes import registry
 from optimize.runtimes.spec import RuntimeSpec, StageInfo
 from optimize.runtimes.stages import load_stage
-from optimize.stage import Candidate, Stage, StageContext, StageSkipped
+from optimize.stage import LIFT_REFERENCE_KEY, Candidate, Stage, StageContext, StageSkipped
 from tests.cli_helpers import run_lto
 from tests.conftest import make_matmul_model
 
@@ -230,6 +230,30 @@ def by_label(result: PipelineResult) -> dict[str, Any]:
 
 
 # --- decisions ---------------------------------------------------------------------------------
+
+
+def test_a_mixed_candidates_unlifted_twin_is_timed_though_inaccurate_and_never_kept(tmp_path: Path) -> None:
+    """The price of a lift: the stage yields the mixed candidate, then the same model with nothing
+    lifted (here: inaccurate, and faster); the pipeline times it beside the best and rejects it."""
+
+    def make(candidate: Candidate, ctx: StageContext) -> list[Candidate]:
+        mixed = model_candidate("q-mixed", extra_work=2)(candidate, ctx)[0]
+        plain = model_candidate("q-plain", seed=7)(candidate, ctx)[0]
+        plain.details[LIFT_REFERENCE_KEY] = "q-mixed"
+        other = model_candidate("q-other", seed=8)(candidate, ctx)[0]  # inaccurate, not a twin
+        return [mixed, plain, other]
+
+    speeds = {"q-mixed": 0.5, "q-plain": 0.4, "q-other": 0.3}
+    result, bench = run_fake(tmp_path, {"q": FakeStage(make)}, speeds)
+    rows = by_label(result)
+    assert rows["q-mixed"].status == "kept" and result.best.label == "q-mixed"
+    plain = rows["q-plain"]
+    assert plain.status == "rejected" and plain.inaccurate
+    assert plain.reason.startswith("inaccurate: output 'y'") and "timed to price the lift: " in plain.reason
+    assert plain.speedup == pytest.approx(2.5, rel=0.05) and plain.versus["label"] == "q-mixed"
+    assert plain.ratio == pytest.approx(0.8, rel=0.05)  # beside the mixed one, in one measurement
+    assert ("baseline", "q-mixed", "q-plain") in bench.compared
+    assert rows["q-other"].speedup is None and not any("q-other" in c for c in bench.compared)
 
 
 def test_every_kind_of_stage_decision(tmp_path: Path) -> None:

@@ -234,3 +234,35 @@ def test_a_mixed_precision_artifact_lists_its_lifted_nodes_and_the_search() -> N
     assert line == f"- precision by layer: bf16; {words}"
     # A single-precision artifact has no such lines.
     assert mix_lines({"best": {"label": "x", "precision": "int8", "lifted": []}}) == []
+
+
+def test_a_mixed_precision_artifact_says_what_its_lift_cost_in_speed() -> None:
+    from optimize.render.optimize_section import mix_lines
+
+    label = "openvino-quantize:int8-bf16"
+    best = {"label": label, "precision": "int8+bf16", "lifted": [{"node": "n0", "precision": "bf16"}]}
+    mix = {"label": label, "status": "kept", "speedup_vs_baseline": 2.4, "details": {}}
+    twin = {
+        "label": f"{label}-unlifted",
+        "status": "rejected",
+        "reason": "inaccurate: cosine 0.97 < 0.995; timed to price the lift: 2.70x over the baseline",
+        "metric": "p50",
+        "latency_ms": {"p50": 1.6},
+        "versus": {"label": label, "latency_ms": {"p50": 1.8}},
+        "ratio_vs_best": 1.6 / 1.8,
+        "ratio_ci95": [0.85, 0.93],
+        "speedup_vs_baseline": 2.7,
+        "details": {"lift_reference_for": label},
+    }
+    lines = mix_lines({"best": best, "stages": [mix, twin]})
+    price = next(line for line in lines if line.startswith("- the price of the lift"))
+    assert f"`{label}-unlifted` ran p50 1.600 ms against the mix's 1.800 ms, side by side" in price
+    assert "the lift costs 1.12x in latency, 95% CI 1.08–1.18" in price
+    assert price.endswith("it failed the gate (cosine 0.97 < 0.995)")
+    # Timed against another best: each one's speedup from its own comparison, said as such.
+    apart = {**twin, "versus": {"label": "openvino-convert:bf16", "latency_ms": {"p50": 2.0}}}
+    price = next(line for line in mix_lines({"best": best, "stages": [mix, apart]}) if "price" in line)
+    assert "ran at 2.70x over the baseline in its comparison (the mix: 2.40x in its own)" in price
+    # Not timed (the budget ran out before it), or no twin: no line.
+    untimed = {**twin, "speedup_vs_baseline": None}
+    assert not any("price" in line for line in mix_lines({"best": best, "stages": [mix, untimed]}))

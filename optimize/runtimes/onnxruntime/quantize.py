@@ -66,7 +66,15 @@ from optimize.runtimes.quantization import (
     calibration_samples,
     generated_calibration,
 )
-from optimize.stage import Candidate, OnnxRuntimeStage, Outcome, StageContext, StageSkipped, Status
+from optimize.stage import (
+    LIFT_REFERENCE_KEY,
+    Candidate,
+    OnnxRuntimeStage,
+    Outcome,
+    StageContext,
+    StageSkipped,
+    Status,
+)
 from optimize.system.env import cpu_isa_flags, has_vnni
 
 if TYPE_CHECKING:
@@ -299,6 +307,8 @@ class QuantizeStage(OnnxRuntimeStage):
                 continue
             yield found.candidate
             tried[point] = ctx.outcomes.get(found.candidate.label, Outcome.SLOWER)
+            if search.unlifted is not None:
+                yield search.unlifted
         if nothing and len(nothing) == len(tried):
             raise StageSkipped(nothing[0][1])
         for label, reason, details in nothing:
@@ -352,6 +362,8 @@ class _Search:
         self.failure_details: dict[str, Any] = {}
         # Nodes in float with which a point passed the gate (by its unfused form).
         self.passed_with: dict[QuantPoint, list[str]] = {}
+        # The last point's int8 with nothing lifted, when it passed only with nodes lifted.
+        self.unlifted: Candidate | None = None
 
     def calibration(self) -> tuple[list[dict[str, np.ndarray]], dict[str, Any]]:
         if self._calibration is None:
@@ -366,7 +378,7 @@ class _Search:
     def point(self, point: QuantPoint) -> _Tried:
         """Quantize at `point`, gate it, back off until it passes; the cheapest passing choice."""
         ctx, opts = self.ctx, self.ctx.options
-        self.failure_details = {}
+        self.failure_details, self.unlifted = {}, None
         static = point.mode == "static"
         prepared, prep_note = self.prepared(static)
         calibration, calib_info = self.calibration() if static else ([], {})
@@ -421,6 +433,24 @@ class _Search:
             cand.details["sensitivity"] = [
                 {"node": n, "added_rel_error": round(e, 6)} for n, e in ranking[:10]
             ]
+        added = dict(ranking)
+        cand.details["lifted"] = [
+            {
+                "node": n,
+                "precision": "fp32",
+                **({"added_rel_error": round(added[n], 6)} if n in added else {}),
+            }
+            for n in chosen.excluded
+        ]
+        if chosen.result.ok and len(chosen.excluded) > len(user_excluded):
+            # The same point with nothing lifted, timed though it failed: the price of the lift.
+            plain = first.candidate
+            self.unlifted = replace(
+                plain,
+                label=f"{cand.label}-unlifted",
+                details={**plain.details, LIFT_REFERENCE_KEY: cand.label},
+                extra_files=list(plain.extra_files),
+            )
         return chosen
 
     def _back_off(

@@ -53,7 +53,7 @@ from optimize.runtimes.openvino.ir import (
 )
 from optimize.runtimes.openvino.sensitivity import attention_matmuls, quantized_nodes, rank_sensitive_nodes
 from optimize.runtimes.quantization import backoff_sizes, bisect_towards_fewest, calibration_samples
-from optimize.stage import Candidate, Stage, StageContext, StageSkipped
+from optimize.stage import LIFT_REFERENCE_KEY, Candidate, Stage, StageContext, StageSkipped
 
 DEFAULT_BACKOFF_ROUNDS = 3
 _QUANTIZED_ONNX_OPS = frozenset(
@@ -90,6 +90,38 @@ def mixed_precision(hint: str, excluded: list[str]) -> str:
     if hint == "bf16":
         return "int8+bf16"
     return "int8+fp32" if excluded else "int8"
+
+
+_SEARCH_DETAILS = ("lifted", "attempts", "sensitivity", "accuracy_gate")  # the mixed candidate's own
+
+
+def unlifted(chosen: _Trial, tried: list[_Trial], user_excluded: list[str]) -> Candidate | None:
+    """The chosen mixed trial's int8 with nothing lifted, at the same float precision and fused
+    subgraph setting: yielded after it and timed though it fails the gate, so that the report can
+    say what lifting cost in speed. None when nothing was lifted or it did not pass (no lift to
+    price), or no trial quantized the same way with nothing lifted."""
+    if not chosen.result.ok or len(chosen.excluded) <= len(user_excluded):
+        return None
+    plain = next((t for t in tried if t.excluded == user_excluded and t.settings == chosen.settings), None)
+    if plain is None:
+        return None
+    mixed = chosen.candidate
+    details = {k: v for k, v in mixed.details.items() if k not in _SEARCH_DETAILS}
+    details.update(
+        {
+            "excluded_nodes": list(user_excluded),
+            "quantized_nodes": plain.candidate.details.get("quantized_nodes"),
+            LIFT_REFERENCE_KEY: mixed.label,
+        }
+    )
+    return replace(
+        plain.candidate,
+        label=f"{mixed.label}-unlifted",
+        precision=mixed_precision(chosen.hint, user_excluded),
+        runtime_config=dict(mixed.runtime_config),
+        details=details,
+        extra_files=list(plain.candidate.extra_files),
+    )
 
 
 @contextlib.contextmanager
@@ -284,6 +316,8 @@ class OpenVinoQuantizeStage(Stage):
                 back_off(replace(base, snippets=snippets), ranked, "bf16", known)
             if tried_at("bf16"):
                 out.append(self._finished(best("bf16"), ranking, attempts))
+        finals = [chosen, *([best("bf16")] if tried_at("bf16") else [])]
+        out.extend(ref for ref in (unlifted(t, tried, user_excluded) for t in finals) if ref is not None)
         return out
 
     @staticmethod

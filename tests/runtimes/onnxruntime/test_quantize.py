@@ -19,7 +19,7 @@ from optimize.runtimes.onnxruntime.operator_fusion import OperatorFusionStage
 from optimize.runtimes.onnxruntime.quant_search import output_head
 from optimize.runtimes.onnxruntime.quantize import QuantizeStage
 from optimize.runtimes.quantization import backoff_sizes, load_calibration
-from optimize.stage import Candidate, StageContext, StageSkipped
+from optimize.stage import LIFT_REFERENCE_KEY, Candidate, StageContext, StageSkipped
 from tests.runtimes.onnxruntime.helpers import (
     BERT,
     MLP,
@@ -121,8 +121,11 @@ def test_quantize_backs_off_by_keeping_a_cheap_group_in_float(tmp_path: Path) ->
     checker = Checker(RESNET, feeds, fail_first=1)
     options = {"calib_samples": 4, "points": [CNN_POINT]}
     base, ctx, _ = sample_context(RESNET, tmp_path, options=options, check=checker)
-    (cand,) = QuantizeStage().run(base, ctx)
+    cand, unlifted = QuantizeStage().run(base, ctx)
     first = checker.calls[0]
+    # After the mix, its twin with nothing lifted (the first attempt), for the pipeline to time.
+    assert unlifted.label == f"{cand.label}-unlifted" and unlifted.model_path == first.model_path
+    assert unlifted.details[LIFT_REFERENCE_KEY] == cand.label and unlifted.precision == "int8"
     attempts = cand.details["attempts"]
     assert attempts[0]["accuracy_ok"] is False and attempts[1]["group"] == "output head"
     assert cand.details["backoff_group"] == "output head" and cand.details["accuracy_gate"] == "passed"
@@ -351,9 +354,12 @@ def test_back_off_finds_the_node_that_quantizes_badly(tmp_path: Path) -> None:
     checker = Checker(model, feeds, min_cos=0.995)
     options = {"points": ["dynamic-pt-matmul"]}  # per-tensor: the outlier wrecks its layer
     base, ctx, _ = sample_context(model, tmp_path / "w", options=options, check=checker)
-    (cand,) = QuantizeStage().run(base, ctx)
+    cand, unlifted = QuantizeStage().run(base, ctx)
     assert cand.details["sensitivity"][0]["node"] == "layer1"  # ranked by the error it adds itself
     assert cand.details["excluded_nodes"] == ["layer1"]
+    (lifted,) = cand.details["lifted"]
+    assert lifted["node"] == "layer1" and lifted["precision"] == "fp32" and lifted["added_rel_error"] > 0
+    assert unlifted.details["excluded_nodes"] == [] and unlifted.label == f"{cand.label}-unlifted"
     assert cand.details["accuracy_gate"] == "passed"
     assert cand.details["attempts"][0]["accuracy_ok"] is False
     assert op_counts(read_model(cand.model_path))["MatMulInteger"] == 2

@@ -11,7 +11,7 @@ import pytest
 from optimize.accuracy import AccuracyResult
 from optimize.runtimes.backends import open_backend, open_model
 from optimize.runtimes.stages import load_stage
-from optimize.stage import Candidate, StageSkipped
+from optimize.stage import LIFT_REFERENCE_KEY, Candidate, StageSkipped
 from tests.runtimes.openvino.helpers import SAMPLES, context, make_mlp
 
 pytest.importorskip("openvino", reason="the openvino extra is not installed")
@@ -81,6 +81,7 @@ def test_int8_passes_the_gate_first_time(tmp_path: Path) -> None:
     assert int8.details["quantized_nodes"] == 4 and int8.details["excluded_nodes"] == []
     assert int8.details["calibration"] == {"source": "list", "samples": 8}
     assert int8.details["model_type"] == "default" and int8.details["preset"] == "performance"
+    # Nothing lifted: no unlifted twin to time.
     assert [c.precision for c in cands] == (["int8", "int8+bf16"] if has_bf16() else ["int8"])
     with open_backend("onnxruntime", model) as ort, open_model(int8) as ov:
         ref, got = ort.run(_x(seed=99)), ov.run(_x(seed=99))
@@ -141,6 +142,16 @@ def test_int8_backs_off_on_the_most_sensitive_nodes_until_the_gate_passes(tmp_pa
     assert errors == sorted(errors, reverse=True) and errors[0] > 0
     logs = ctx.logs  # type: ignore[attr-defined]
     assert any("int8 lift top 1 (1 node(s) out of int8, float parts at f32): pass" in line for line in logs)
+    # Then the same int8 with nothing lifted, for the pipeline to time though it failed: the price
+    # of the lift. Its IR is the first try's; its settings the mixed candidate's.
+    assert [c.label for c in cands] == ["openvino-quantize:int8", "openvino-quantize:int8-unlifted"]
+    plain = cands[1]
+    assert plain.details[LIFT_REFERENCE_KEY] == "openvino-quantize:int8"
+    assert plain.precision == "int8" and plain.details["excluded_nodes"] == []
+    assert plain.details["quantized_nodes"] == 6 and plain.model_path != int8.model_path
+    assert plain.extra_files == [plain.model_path.with_suffix(".bin")]
+    assert plain.runtime_config == int8.runtime_config
+    assert not {"lifted", "attempts", "sensitivity", "accuracy_gate"} & set(plain.details)
 
 
 def _ranking_spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -199,7 +210,13 @@ def test_bf16_variant_is_judged_at_bf16_and_lifts_more_where_bf16_needs_it(
         return AccuracyResult(ok, "" if ok else f"test gate at {hint}", {})
 
     ctx = context(tmp_path, model, _x(), check=gate)
-    f32, bf16 = load_stage("openvino-quantize").run(Candidate("baseline", model), ctx)
+    f32, bf16, *unlifted = load_stage("openvino-quantize").run(Candidate("baseline", model), ctx)
+    # Each mixed candidate is followed by its int8 with nothing lifted, at its own float precision.
+    assert [(c.label, c.precision, c.details[LIFT_REFERENCE_KEY]) for c in unlifted] == [
+        ("openvino-quantize:int8-unlifted", "int8", f32.label),
+        ("openvino-quantize:int8-bf16-unlifted", "int8+bf16", bf16.label),
+    ]
+    assert unlifted[1].details["precision_hint"] == "bf16" and unlifted[1].details["excluded_nodes"] == []
     assert f32.precision == "int8+fp32" and f32.details["excluded_nodes"] == ranked[:1]
     assert bf16.precision == "int8+bf16" and bf16.details["precision_hint"] == "bf16"
     assert bf16.details["excluded_nodes"] == ranked[:2] and bf16.details["accuracy_gate"] == "passed"
