@@ -285,8 +285,8 @@ def lift_price_lines(stages: list[Mapping[str, Any]], best: Mapping[str, Any]) -
         lo, hi = twin.get("ratio_ci95") or (None, None)
         interval = f", 95% CI {1 / hi:.2f}–{1 / lo:.2f}" if lo and hi else ""
         cost = (
-            f"ran {metric} {mine:.3f} ms against the mix's {theirs:.3f} ms, side by side: the lift "
-            f"costs {theirs / mine:.2f}x in latency{interval}"
+            f"ran {metric} {mine:.3f} ms against the mix's {theirs:.3f} ms, side by side in one search "
+            f"comparison: the lift costs {theirs / mine:.2f}x in latency{interval}"
         )
     else:
         mix = next(

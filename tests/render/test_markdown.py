@@ -256,7 +256,10 @@ def test_a_mixed_precision_artifact_says_what_its_lift_cost_in_speed() -> None:
     }
     lines = mix_lines({"best": best, "stages": [mix, twin]})
     price = next(line for line in lines if line.startswith("- the price of the lift"))
-    assert f"`{label}-unlifted` ran p50 1.600 ms against the mix's 1.800 ms, side by side" in price
+    assert (
+        f"`{label}-unlifted` ran p50 1.600 ms against the mix's 1.800 ms, "
+        "side by side in one search comparison" in price
+    )
     assert "the lift costs 1.12x in latency, 95% CI 1.08–1.18" in price
     assert price.endswith("it failed the gate (cosine 0.97 < 0.995)")
     # Timed against another best: each one's speedup from its own comparison, said as such.
