@@ -77,21 +77,23 @@ def _layer_norm(
     return (x - mean) / np.sqrt(var + eps) * scale + bias
 
 
-def _reference(
-    weights: dict[str, np.ndarray], ids: np.ndarray, mask: np.ndarray, types: np.ndarray
+BERT_ROLES = {
+    "q": "attention.self.query",
+    "k": "attention.self.key",
+    "v": "attention.self.value",
+    "o": "attention.output.dense",
+    "norm": "attention.output.LayerNorm",
+}
+
+
+def _blocks(
+    wt: dict[str, np.ndarray], x: np.ndarray, bias: np.ndarray, roles: dict[str, str], eps: float
 ) -> np.ndarray:
-    """BERT's forward pass written out in NumPy (float64), one line per step of the paper's block."""
-    wt = {k: v.astype(np.float64) for k, v in weights.items()}
+    """The post-LayerNorm blocks BERT and MPNet share, in NumPy (float64), one line per step of the
+    paper's block; `roles` names where each attention weight sits in the checkpoint."""
     heads = CONFIG["num_attention_heads"]
-    batch, seq = ids.shape
+    batch, seq, _ = x.shape
     dim = CONFIG["hidden_size"] // heads
-    x = (
-        wt["embeddings.word_embeddings.weight"][ids]
-        + wt["embeddings.position_embeddings.weight"][:seq]
-        + wt["embeddings.token_type_embeddings.weight"][types]
-    )
-    x = _layer_norm(x, wt["embeddings.LayerNorm.weight"], wt["embeddings.LayerNorm.bias"])
-    bias = ((1.0 - mask) * MASK_BIAS)[:, None, None, :]
 
     def linear(t: np.ndarray, name: str) -> np.ndarray:
         return t @ wt[f"{name}.weight"].T + wt[f"{name}.bias"]
@@ -99,26 +101,37 @@ def _reference(
     for i in range(CONFIG["num_hidden_layers"]):
         p = f"encoder.layer.{i}"
         q, k, v = (
-            linear(x, f"{p}.attention.self.{n}").reshape(batch, seq, heads, dim).transpose(0, 2, 1, 3)
-            for n in ("query", "key", "value")
+            linear(x, f"{p}.{roles[n]}").reshape(batch, seq, heads, dim).transpose(0, 2, 1, 3) for n in "qkv"
         )
         scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dim) + bias
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         context = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, -1)
+        norm = f"{p}.{roles['norm']}"
         x = _layer_norm(
-            linear(context, f"{p}.attention.output.dense") + x,
-            wt[f"{p}.attention.output.LayerNorm.weight"],
-            wt[f"{p}.attention.output.LayerNorm.bias"],
+            linear(context, f"{p}.{roles['o']}") + x, wt[f"{norm}.weight"], wt[f"{norm}.bias"], eps
         )
         inner = linear(x, f"{p}.intermediate.dense")
         inner = 0.5 * inner * (1 + np.vectorize(math.erf)(inner / math.sqrt(2)))
-        x = _layer_norm(
-            linear(inner, f"{p}.output.dense") + x,
-            wt[f"{p}.output.LayerNorm.weight"],
-            wt[f"{p}.output.LayerNorm.bias"],
-        )
+        out = f"{p}.output.LayerNorm"
+        x = _layer_norm(linear(inner, f"{p}.output.dense") + x, wt[f"{out}.weight"], wt[f"{out}.bias"], eps)
     return x
+
+
+def _reference(
+    weights: dict[str, np.ndarray], ids: np.ndarray, mask: np.ndarray, types: np.ndarray
+) -> np.ndarray:
+    """BERT's forward pass written out in NumPy (float64)."""
+    wt = {k: v.astype(np.float64) for k, v in weights.items()}
+    seq = ids.shape[1]
+    x = (
+        wt["embeddings.word_embeddings.weight"][ids]
+        + wt["embeddings.position_embeddings.weight"][:seq]
+        + wt["embeddings.token_type_embeddings.weight"][types]
+    )
+    x = _layer_norm(x, wt["embeddings.LayerNorm.weight"], wt["embeddings.LayerNorm.bias"])
+    bias = ((1.0 - mask) * MASK_BIAS)[:, None, None, :]
+    return _blocks(wt, x, bias, BERT_ROLES, CONFIG["layer_norm_eps"])
 
 
 def _run(model_bytes: bytes, feed: dict[str, np.ndarray]) -> np.ndarray:
@@ -255,44 +268,15 @@ def _mpnet_reference(weights: dict[str, np.ndarray], ids: np.ndarray, mask: np.n
     the relative position bias added to every layer's scores; the blocks are BERT's."""
     wt = {k: v.astype(np.float64) for k, v in weights.items()}
     pad = MPNET_CONFIG["pad_token_id"]
-    heads = CONFIG["num_attention_heads"]
-    batch, seq = ids.shape
-    dim = CONFIG["hidden_size"] // heads
+    seq = ids.shape[1]
     is_token = (ids != pad).astype(np.int64)
     positions = np.cumsum(is_token, axis=1) * is_token + pad
     x = wt["embeddings.word_embeddings.weight"][ids] + wt["embeddings.position_embeddings.weight"][positions]
     x = _layer_norm(x, wt["embeddings.LayerNorm.weight"], wt["embeddings.LayerNorm.bias"], 1e-5)
     relative = wt["encoder.relative_attention_bias.weight"][relative_position_buckets(seq, 32)]
     bias = relative.transpose(2, 0, 1)[None] + ((1.0 - mask) * MASK_BIAS)[:, None, None, :]
-
-    def linear(t: np.ndarray, name: str) -> np.ndarray:
-        return t @ wt[f"{name}.weight"].T + wt[f"{name}.bias"]
-
-    for i in range(CONFIG["num_hidden_layers"]):
-        p = f"encoder.layer.{i}"
-        q, k, v = (
-            linear(x, f"{p}.attention.attn.{n}").reshape(batch, seq, heads, dim).transpose(0, 2, 1, 3)
-            for n in "qkv"
-        )
-        scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dim) + bias
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs /= probs.sum(-1, keepdims=True)
-        context = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, seq, -1)
-        x = _layer_norm(
-            linear(context, f"{p}.attention.attn.o") + x,
-            wt[f"{p}.attention.LayerNorm.weight"],
-            wt[f"{p}.attention.LayerNorm.bias"],
-            1e-5,
-        )
-        inner = linear(x, f"{p}.intermediate.dense")
-        inner = 0.5 * inner * (1 + np.vectorize(math.erf)(inner / math.sqrt(2)))
-        x = _layer_norm(
-            linear(inner, f"{p}.output.dense") + x,
-            wt[f"{p}.output.LayerNorm.weight"],
-            wt[f"{p}.output.LayerNorm.bias"],
-            1e-5,
-        )
-    return x
+    roles = {"q": "attention.attn.q", "k": "attention.attn.k", "v": "attention.attn.v"}
+    return _blocks(wt, x, bias, {**roles, "o": "attention.attn.o", "norm": "attention.LayerNorm"}, 1e-5)
 
 
 def _mpnet_feed(seq: int, real: int, seed: int = 1) -> dict[str, np.ndarray]:
