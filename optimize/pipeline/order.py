@@ -202,7 +202,10 @@ def history_path() -> Path | None:
 
 
 def read_history(path: Path | None, fingerprint: str) -> list[dict[str, Any]]:
-    """This machine's lines of the history (a damaged line is skipped: it is a cache)."""
+    """This machine's lines of the history (a damaged line is skipped: it is a cache). A line with
+    no `measured` list was written by an lto that recorded wins only: its loss may have been a
+    fastest candidate the rows could not verify, so it is not evidence against the stage (such
+    lines made a demo skip the int8 stage that ships on this machine)."""
     if path is None or not path.is_file():
         return []
     rows: list[dict[str, Any]] = []
@@ -210,7 +213,7 @@ def read_history(path: Path | None, fingerprint: str) -> list[dict[str, Any]]:
         for line in fh:
             with contextlib.suppress(ValueError):
                 row = json.loads(line)
-                if isinstance(row, dict) and row.get("fingerprint") == fingerprint:
+                if isinstance(row, dict) and row.get("fingerprint") == fingerprint and "measured" in row:
                     rows.append(row)
     return rows
 

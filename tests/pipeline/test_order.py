@@ -89,6 +89,11 @@ def test_this_machines_history_refines_the_prior(tmp_path: Path) -> None:
     order.append_history(history, "another-machine", [win])
     with history.open("a") as fh:
         fh.write("{not json\n")  # a damaged line is skipped: the history is a cache
+        # Written by an lto that recorded wins only: a loss there may have been an unverified
+        # fastest candidate, so it is no evidence against the stage.
+        legacy = {"fingerprint": "this-machine", "kind": "transformer", "cpu": "bf16", "stage": "quantize",
+                  "ran_s": 9.0, "won": False, "gain": None}  # fmt: skip
+        fh.write(json.dumps(legacy) + "\n")
     past = order.read_history(history, "this-machine")
     assert len(past) == 6 and all(row["fingerprint"] == "this-machine" for row in past)
     odds = order.odds_for("quantize", "transformer", "bf16", PRIORS, past)
