@@ -119,8 +119,9 @@ def resolve_inputs(
             InputTensor(s.name, s.dtype, tuple(data[s.name].shape), "file", batch_axis=axes[s.name])
             for s in specs
         ]
-        spec = InputSpec(tensors, seed=seed, data_file=str(path), data_sha256=sha256_file(path),
-                         warnings=warnings)  # fmt: skip
+        # Absolute: an artifact is read again from other folders (lto serve, bench, export).
+        spec = InputSpec(tensors, seed=seed, data_file=str(Path(path).resolve()),
+                         data_sha256=sha256_file(path), warnings=warnings)  # fmt: skip
         return spec, {s.name: contiguous(data[s.name]) for s in specs}
 
     vocab = embedding_vocab_sizes(onnx_path) if is_onnx else {}

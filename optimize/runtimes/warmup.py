@@ -16,6 +16,7 @@ import numpy as np
 
 from optimize.backend import Backend
 from optimize.data import InputSpec, feeds_from_spec, resolve_inputs
+from optimize.errors import InputError
 from optimize.model.runtime_model import RuntimeModel
 
 WARM_BUDGET_S = 10.0  # start-up time spent running every batch shape once, at most, per instance
@@ -55,13 +56,16 @@ def one_request(
 ) -> dict[str, np.ndarray]:
     """One request's feeds for `model` as `backend` runs it: from the artifact's input spec when it
     has one and no `shapes` are given, else generated for `shapes`; one row on every input whose
-    batch axis is free. Raises InputError when no inputs can be made (a dim nobody pins)."""
+    batch axis is free. Raises InputError when no inputs can be made (a dim nobody pins).
+
+    Warm-up and calibration time the model, so only shapes and dtypes matter: when the spec's data
+    file is gone (an artifact copied to another host), its shapes are kept and values generated."""
     feeds = None
     if model.input_spec and not shapes:
         try:
             feeds = feeds_from_spec(InputSpec.from_json(model.input_spec))
-        except (TypeError, KeyError, ValueError):
-            # An older or partial spec: keep its shapes, generate the values here.
+        except (TypeError, KeyError, ValueError, InputError):
+            # An older or partial spec, or its data file is gone: keep its shapes, generate values.
             shapes = {t["name"]: tuple(t["shape"]) for t in model.input_spec.get("inputs", [])}
     if feeds is None:
         _, feeds = resolve_inputs(model.model_path, dict(shapes or {}), None, batch=1, specs=backend.inputs)

@@ -328,3 +328,38 @@ def test_input_data_for_optimize_gives_its_first_batch_rows_or_stacked(
         np.testing.assert_array_equal(feeds_from_spec(spec)["x"], rows[:1])
     with pytest.raises(InputError, match="cannot make batch 1"):  # lto bench keeps refusing
         resolve_inputs(tiny_model, {}, tmp_path / "rows.npz", batch=1)
+
+
+def test_the_spec_names_its_data_file_wherever_it_is_read_from(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An artifact is served, benched and exported from other folders than the one that made it:
+    # a relative path in its spec would name nothing there.
+    np.savez(tmp_path / "rows.npz", x=np.arange(32, dtype=np.float32).reshape(2, 16))
+    monkeypatch.chdir(tmp_path)
+    spec, feeds = resolve_inputs(tiny_model, {}, Path("rows.npz"))
+    assert spec.data_file == str(tmp_path.resolve() / "rows.npz")
+    monkeypatch.chdir("/")
+    np.testing.assert_array_equal(feeds_from_spec(spec)["x"], feeds["x"])
+
+
+def test_warm_up_rows_keep_the_spec_shapes_when_its_data_file_is_gone(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    from optimize.model.runtime_model import RuntimeModel
+    from optimize.runtimes.backends import open_backend
+    from optimize.runtimes.warmup import one_request
+
+    np.savez(tmp_path / "rows.npz", x=np.ones((2, 16), dtype=np.float32))
+    spec, _ = resolve_inputs(tiny_model, {}, tmp_path / "rows.npz")
+    (tmp_path / "rows.npz").unlink()
+    with pytest.raises(InputError, match="is gone"):
+        feeds_from_spec(spec)
+    served = RuntimeModel("artifact", tiny_model, input_spec=spec.to_json())
+    backend = open_backend("onnxruntime", tiny_model, {})
+    try:
+        row = one_request(served, backend)
+    finally:
+        backend.close()
+    # Timing needs the shape and dtype, not the values: warm-up and calibration still run.
+    assert {k: (v.shape, v.dtype) for k, v in row.items()} == {"x": ((1, 16), np.dtype(np.float32))}
