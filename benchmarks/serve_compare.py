@@ -70,8 +70,9 @@ class JsonEndpoint(HttpEndpoint):
 
     def __init__(self, url: str, model: str, feeds: dict[str, np.ndarray]) -> None:
         super().__init__(url, model, feeds)
-        self.body, _ = encode_request(feeds, binary=False, binary_outputs=False)
-        self.headers = {"Content-Type": "application/json"}
+        body, _ = encode_request(feeds, binary=False, binary_outputs=False)
+        headers = {"Content-Type": "application/json"}
+        self.requests = [self.client.encode("POST", f"/v2/models/{model}/infer", headers, body)]
 
 
 def _free_port() -> int:

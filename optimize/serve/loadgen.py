@@ -24,6 +24,7 @@ import numpy as np
 from optimize.errors import UsageError
 from optimize.report import new_report
 from optimize.serve.batching.outcomes import ServeError
+from optimize.serve.http_client import HttpClient, HttpClientError
 from optimize.serve.protocol import HEADER_LENGTH, encode_request
 from optimize.stats import summarize
 
@@ -90,7 +91,9 @@ _STATUS_KINDS = {400: "bad_request", 404: "not_found", 413: "too_large", 503: "o
 
 
 class HttpEndpoint(Endpoint):
-    """A KServe v2 server over HTTP, sending binary tensors (what a production client would)."""
+    """A KServe v2 server over HTTP, sending binary tensors (what a production client would), each
+    request encoded once before the clock starts, so that the client costs the same per request
+    and as little as it can (optimize/serve/http_client.py)."""
 
     def __init__(
         self,
@@ -105,55 +108,37 @@ class HttpEndpoint(Endpoint):
         self.name = f"{self.url} model {model}"
         rows = [feeds] if isinstance(feeds, Mapping) else list(feeds)
         self.row_feeds = [dict(row) for row in rows]
-        # Each request encoded once, before the clock starts: the client costs the same per request.
-        self.requests: list[tuple[bytes, dict[str, str]]] = []
+        self.client = HttpClient(self.url, timeout_s)
+        self.requests: list[bytes] = []
         for row in rows:
             body, head_len = encode_request(row, binary=True, binary_outputs=True)
-            self.requests.append(
-                (body, {HEADER_LENGTH: str(head_len), "Content-Type": "application/octet-stream"})
-            )
-        self.body, self.headers = self.requests[0]
+            headers = {HEADER_LENGTH: str(head_len), "Content-Type": "application/octet-stream"}
+            self.requests.append(self.client.encode("POST", f"/v2/models/{model}/infer", headers, body))
         self.rows = len(self.requests)
         self._next = 0
         self.timeout_s = timeout_s
-        self._session: Any = None
 
     async def open(self) -> None:
-        import aiohttp
-
-        # No connection limit: an open-loop generator must never queue requests itself.
-        connector = aiohttp.TCPConnector(limit=0, force_close=False)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
-        )
-        self._infer_url = f"{self.url}/v2/models/{self.model}/infer"
+        pass  # connections open as requests need them
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.client.close()
 
     async def get(self, path: str) -> int:
-        """A plain GET on the same connection pool (health checks; the HTTP stack's floor)."""
-        async with self._session.get(f"{self.url}{path}") as resp:
-            await resp.read()
-            return int(resp.status)
+        """A plain GET on the same connections (health checks; the HTTP stack's floor)."""
+        return (await self.client.send(self.client.encode("GET", path, {}))).status
 
     async def infer(self, row: int | None = None) -> Outcome:
-        import aiohttp
-
-        body, headers = self.requests[self._take(row)]
         try:
-            async with self._session.post(self._infer_url, data=body, headers=headers) as resp:
-                await resp.read()
-                if resp.status != 200:
-                    return Outcome(_STATUS_KINDS.get(resp.status, f"http_{resp.status}"))
-                phases, rows = parse_server_timing(resp.headers.get("Server-Timing"))
-                return Outcome("ok", phases, rows)
-        except asyncio.TimeoutError:
+            answer = await self.client.send(self.requests[self._take(row)])
+        except TimeoutError:
             return Outcome("client_timeout")
-        except aiohttp.ClientError:
+        except HttpClientError:
             return Outcome("connection")
+        if answer.status != 200:
+            return Outcome(_STATUS_KINDS.get(answer.status, f"http_{answer.status}"))
+        phases, rows = parse_server_timing(answer.headers.get("server-timing"))
+        return Outcome("ok", phases, rows)
 
     def describe(self) -> dict[str, Any]:
         return {

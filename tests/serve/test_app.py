@@ -91,19 +91,18 @@ def test_an_http_client_sends_its_rows_in_turn() -> None:
 
     import numpy as np
 
+    from optimize.serve.http_client import HttpClientError
     from optimize.serve.loadgen import HttpEndpoint
 
     rows = [{"x": np.full((1, 4), float(i), dtype=np.float32)} for i in range(3)]
     endpoint = HttpEndpoint("http://127.0.0.1:1", "m", rows)
     sent: list[bytes] = []
 
-    class Session:
-        def post(self, url: str, data: bytes, headers: dict[str, str]) -> object:
-            sent.append(data)
-            raise __import__("aiohttp").ClientError("no server")
+    async def send(request: bytes) -> object:
+        sent.append(request)
+        raise HttpClientError("no server")
 
-    endpoint._session = Session()
-    endpoint._infer_url = "http://127.0.0.1:1/v2/models/m/infer"
+    endpoint.client.send = send  # type: ignore[method-assign]
     for _ in range(4):
-        asyncio.run(endpoint.infer())
+        assert asyncio.run(endpoint.infer()).kind == "connection"
     assert endpoint.rows == 3 and sent[0] != sent[1] != sent[2] and sent[3] == sent[0]
