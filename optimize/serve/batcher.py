@@ -87,7 +87,7 @@ class Batcher:
             await self.instances.warm_up(
                 sample_row, self.latency, self.work.of, max_rows=self.max_rows, config=self.config
             )
-        self.lifecycle.run(self.dispatcher.step)
+        self.lifecycle.run(self.dispatcher.step, self.dispatcher.fail_queued)
 
     async def drain(self) -> None:
         """Stop accepting, answer everything already accepted, release the model threads."""

@@ -395,6 +395,41 @@ def test_drain_answers_everything_accepted_and_refuses_new_requests() -> None:
     assert refused is not None and "shutting down" in refused.message
 
 
+def test_a_dispatch_step_that_raises_answers_what_was_queued_and_the_batcher_goes_on() -> None:
+    # A bug in a step must not leave requests queued for ever (nor a drain waiting for them).
+    clock = FakeClock()
+    backend = SleepBackend(base_ms=1, clock=clock)
+
+    async def main() -> tuple[list[Any], Any]:
+        config = BatcherConfig(max_batch=4, max_wait_ms=5, target_latency_ms=LONG)
+        batcher = Batcher([backend], config, clock=clock)
+        real_step, steps = batcher.dispatcher.step, []
+
+        def step(now: float) -> float | None:
+            steps.append(now)
+            if len(steps) == 2:  # the first step after requests were queued
+                raise RuntimeError("a bug in the policy")
+            return real_step(now)
+
+        batcher.dispatcher.step = step  # type: ignore[method-assign]
+        await batcher.start()
+        queued = [asyncio.ensure_future(batcher.submit(x(1, i))) for i in range(2)]
+        await settle()
+        failed = await asyncio.gather(*queued, return_exceptions=True)
+        later = asyncio.ensure_future(batcher.submit(x(1, 7)))
+        await settle()
+        await clock.advance(0.010)
+        answer = await asyncio.wait_for(later, 5)
+        await asyncio.wait_for(batcher.drain(), 5)
+        return failed, answer
+
+    failed, answer = run(main())
+    assert all(
+        isinstance(f, ModelFailure) and "batcher failed: a bug in the policy" in f.message for f in failed
+    )
+    np.testing.assert_array_equal(answer.outputs["y"], x(1, 7)["x"] * 2 + 1)
+
+
 def test_a_failing_batch_is_rerun_one_by_one_so_only_the_bad_request_fails() -> None:
     clock = FakeClock()
     backend = SleepBackend(base_ms=1, poison=-1.0, clock=clock)

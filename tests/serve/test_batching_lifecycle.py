@@ -22,7 +22,7 @@ def test_the_dispatcher_wakes_at_the_time_its_step_names_or_when_kicked_and_drai
             return 100.5 if len(steps) == 1 else None  # the first step asks to look again at 100.5
 
         lifecycle.open()
-        lifecycle.run(step)
+        lifecycle.run(step, pytest.fail)
         await settle()
         assert lifecycle.accepting and lifecycle.dispatching and steps == [100.0]
         await clock.advance(0.4)
@@ -43,3 +43,32 @@ def test_the_dispatcher_wakes_at_the_time_its_step_names_or_when_kicked_and_drai
         assert not lifecycle.dispatching
 
     asyncio.run(main())
+
+
+def test_a_step_that_raises_is_reported_and_the_dispatcher_goes_on() -> None:
+    async def main() -> tuple[list[float], list[Exception], bool]:
+        clock = FakeClock(start=5.0)
+        lifecycle = Lifecycle(clock)
+        steps: list[float] = []
+        failures: list[Exception] = []
+
+        def step(now: float) -> float | None:
+            steps.append(now)
+            if len(steps) == 2:
+                raise RuntimeError("a bug in a step")
+            return None
+
+        lifecycle.open()
+        lifecycle.run(step, failures.append)
+        await settle()
+        lifecycle.kick()  # the step that raises
+        await settle()
+        lifecycle.kick()  # the task is still there to take the next one
+        await settle()
+        dispatching = lifecycle.dispatching
+        await lifecycle.drain()
+        return steps, failures, dispatching
+
+    steps, failures, dispatching = asyncio.run(main())
+    assert steps == [5.0, 5.0, 5.0] and dispatching
+    assert len(failures) == 1 and str(failures[0]) == "a bug in a step"

@@ -175,6 +175,14 @@ class Dispatcher:
             and self.latency.upper(work) <= self.config.inline_max_ms
         )
 
+    def fail_queued(self, exc: Exception) -> None:
+        """A dispatch step raised: answer every queued request with the error (a 500), rather
+        than leave it queued where the failing step may never launch it."""
+        failure = ModelFailure(f"the server's batcher failed: {message_line(exc)}")
+        for req in self.queue.take_all():
+            self._answer(req, failure)
+        self.check_idle()
+
     # ----------------------------------------------------------------------------- answers
     def _finish(
         self,

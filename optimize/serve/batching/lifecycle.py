@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 
 from optimize.serve.clock import Clock, Timer
 
 # Launches what leaves now (as of the time given) and says when to wake next, if ever.
 DispatchStep = Callable[[float], float | None]
+# Told when a step raised: answers what is queued, which no later step may be able to launch.
+StepFailed = Callable[[Exception], None]
+
+log = logging.getLogger("lto.serve")
 
 
 class Lifecycle:
@@ -41,10 +46,13 @@ class Lifecycle:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def run(self, step: DispatchStep) -> None:
-        """Accept requests from now on, and start the dispatcher task that calls `step`."""
+    def run(self, step: DispatchStep, failed: StepFailed) -> None:
+        """Accept requests from now on, and start the dispatcher task that calls `step` (and
+        `failed` when a step raises)."""
         self.accepting = True
-        self._task = asyncio.get_running_loop().create_task(self._dispatch_loop(step), name="lto-dispatcher")
+        self._task = asyncio.get_running_loop().create_task(
+            self._dispatch_loop(step, failed), name="lto-dispatcher"
+        )
 
     def kick(self) -> None:
         """Wake the dispatcher now: it re-arms its timer for whatever is queued."""
@@ -76,12 +84,19 @@ class Lifecycle:
         if self._timer is not None:
             self._timer.cancel()
 
-    async def _dispatch_loop(self, step: DispatchStep) -> None:
-        """The timer side of dispatch: wakes for max-wait, deadline and expiry times."""
+    async def _dispatch_loop(self, step: DispatchStep, failed: StepFailed) -> None:
+        """The timer side of dispatch: wakes for max-wait, deadline and expiry times. A step that
+        raises (a bug) must not end the task: its queued requests would then wait for ever, and
+        so would a drain."""
         assert self._wake is not None
         while True:
             self._wake.clear()
-            wake_at = step(self.clock.now())
+            try:
+                wake_at = step(self.clock.now())
+            except Exception as exc:
+                log.exception("the batcher's dispatcher failed; answering what was queued")
+                failed(exc)
+                wake_at = None
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None

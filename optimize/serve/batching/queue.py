@@ -81,6 +81,13 @@ class RequestQueue:
             del self._key_rows[req.key]
             del self.by_key[req.key]
 
+    def take_all(self) -> list[Pending]:
+        """Take every queued request out, in arrival order."""
+        taken = sorted((r for q in self.by_key.values() for r in q if r.queued), key=lambda r: r.seq)
+        for req in taken:
+            self.remove(req)
+        return taken
+
     def expired(self, now: float, needs_ms: Callable[[Pending], float]) -> Iterator[tuple[Pending, float]]:
         """Take out and yield (request, predicted ms) for each request that can no longer meet its
         deadline even run alone at `now`, earliest deadline first."""
