@@ -16,6 +16,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -208,6 +209,33 @@ def _signal_until_it_ends(proc: subprocess.Popen, signum: int, first_after_s: fl
     raise AssertionError("lto did not stop on " + signal.Signals(signum).name)
 
 
+def _signal_once_it_prints(proc: subprocess.Popen, signum: int, marker: str, within_s: float = 180) -> str:
+    """Send `signum` as soon as lto's stderr shows `marker` (not after a fixed time, which a slow or
+    busy machine may not have reached); its whole stderr once it ends."""
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+            if marker in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    if not seen.wait(within_s):
+        proc.kill()
+        raise AssertionError(f"lto never printed {marker!r}: {''.join(lines)[-2000:]}")
+    proc.send_signal(signum)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("lto did not stop on " + signal.Signals(signum).name) from None
+    reader.join(10)
+    return "".join(lines)
+
+
 def _last_line(stderr: str) -> str:
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     return lines[-1] if lines else ""
@@ -234,7 +262,8 @@ def test_sigterm_during_optimize_keeps_the_previous_artifact(tmp_path: Path, art
     before = _tree(target)
     args = ["optimize", str(sample_path("bert_tiny.onnx")), "--shape", "sequence=32", "-o", str(target)]
     proc = _start(args)
-    _, stderr = _signal_until_it_ends(proc, signal.SIGTERM, 6.0)
+    # Once the baseline is measured the run has a best so far to report.
+    stderr = _signal_once_it_prints(proc, signal.SIGTERM, "baseline p50")
     assert proc.returncode == 143, stderr
     assert "terminated by SIGTERM" in _last_line(stderr)
     assert _tree(target) == before

@@ -165,7 +165,11 @@ def comparison_lines(comparison: Mapping[str, Any]) -> list[str]:
     lines = [f"{metric} ratio B/A = {ratio:.3f} (95% CI {lo:.3f}–{hi:.3f}; {over})"]
     side_ms = comparison.get("latency_ms")
     if side_ms:
-        lines.append(f"{metric} in this comparison: A {side_ms['A']:.3f} ms, B {side_ms['B']:.3f} ms")
+        # The latency table pools every run of each side; the ratio is taken over block pairs, so
+        # the table's p50s divided need not give it: say which figures give it.
+        where = " over those block pairs" if paired else " in this comparison"
+        pooled = " (the latency table pools every run of each side)" if paired else ""
+        lines.append(f"{metric}{where}: A {side_ms['A']:.3f} ms, B {side_ms['B']:.3f} ms{pooled}")
     if paired:
         sentence = modes_sentence(paired, "A", "B")
         if sentence:
