@@ -7,7 +7,7 @@ product at about twice fp32 and half its int8 rate, and different candidates win
 rates the candidates will run at are measured: a square matrix product in fp32 and int8 through
 ONNX Runtime (MatMul, MatMulInteger) and in bf16 through OpenVINO (where it is installed and the CPU
 has native bf16), on the physical cores, in a child process of its own (one runtime's thread pool
-never times the other's), about a second on first use.
+never times the other's), about two seconds on first use.
 
 $LTO_PEAKS=off skips the measurement (the class then comes from the ISA flags alone).
 """
@@ -31,7 +31,8 @@ from optimize.system.env import cpu_class, cpu_isa_flags, has_bf16_isa, machine_
 PEAKS_ENV = "LTO_PEAKS"
 CACHE_NAME = "machine-peaks.json"
 SIZE = 512  # M = N = K: 268 M multiply-adds x 2, about 1.4 ms at fp32 on 2 Zen 4 threads
-RUN_S = 0.3  # timed per precision, after a warm-up
+RUN_S = 0.6  # timed per precision, after a warm-up, in ROUNDS windows taken in turn
+ROUNDS = 6
 CHILD_TIMEOUT_S = 90.0
 # bf16 over fp32 at or above this is a matrix engine (AMX); between the two, vector bf16 (measured
 # here 2026-12-06 on a Zen 4, 2 threads: fp32 ~205, int8 ~790, bf16 ~340 G ops/s; bf16/fp32 1.65).
@@ -56,21 +57,26 @@ class Peaks:
         return asdict(self)
 
 
-def _rate(run: Callable[[], object]) -> float:
-    """G ops/s of `run` (one SIZE^3 product), best of three RUN_S/3 windows after a warm-up."""
-    for _ in range(3):
-        run()
-    best = 0.0
-    for _ in range(3):
-        count, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < RUN_S / 3:
+def _rates(runs: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """G ops/s of each run (one SIZE^3 product): the best of ROUNDS short windows, the precisions
+    taken in turn within each round. These VMs run at about half speed for seconds at a time; one
+    precision timed whole inside such a phase would skew the ratios that place the machine (a
+    fresh CI clone read fp32 at 102 G ops/s against 212 here, and bf16/fp32 3.1, the AMX class)."""
+    for run in runs.values():
+        for _ in range(3):
             run()
-            count += 1
-        best = max(best, count * 2 * SIZE**3 / elapsed / 1e9)
+    best = dict.fromkeys(runs, 0.0)
+    for _ in range(ROUNDS):
+        for name, run in runs.items():
+            count, start = 0, time.perf_counter()
+            while (elapsed := time.perf_counter() - start) < RUN_S / ROUNDS:
+                run()
+                count += 1
+            best[name] = max(best[name], count * 2 * SIZE**3 / elapsed / 1e9)
     return best
 
 
-def _ort_rate(threads: int, integer: bool) -> float:
+def _ort_run(threads: int, integer: bool) -> Callable[[], object]:
     import numpy as np
     import onnxruntime as ort
     from onnx import TensorProto, helper
@@ -92,6 +98,8 @@ def _ort_rate(threads: int, integer: bool) -> float:
     model.ir_version = 8
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
+    # No spinning after a run: it would take the cores from the next precision's window.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     if integer:
@@ -101,10 +109,10 @@ def _ort_rate(threads: int, integer: bool) -> float:
         }
     else:
         feeds = {n: rng.standard_normal((SIZE, SIZE)).astype(np.float32) for n in ("a", "b")}
-    return _rate(lambda: session.run(None, feeds))
+    return lambda: session.run(None, feeds)
 
 
-def _openvino_bf16_rate(threads: int) -> float | None:
+def _openvino_bf16_run(threads: int) -> Callable[[], object] | None:
     try:
         import numpy as np
         import openvino as ov
@@ -122,14 +130,17 @@ def _openvino_bf16_rate(threads: int) -> float | None:
     }
     request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
     feed = {"a": rng.standard_normal((SIZE, SIZE)).astype(np.float32)}
-    return _rate(lambda: request.infer(feed))
+    return lambda: request.infer(feed)
 
 
 def measure_here(threads: int) -> Peaks:
     """The rates, measured in this process (the child's job: see measure)."""
-    fp32 = _ort_rate(threads, integer=False)
-    int8 = _ort_rate(threads, integer=True)
-    bf16 = _openvino_bf16_rate(threads) if has_bf16_isa(cpu_isa_flags()) else None
+    runs = {"fp32": _ort_run(threads, integer=False), "int8": _ort_run(threads, integer=True)}
+    bf16_run = _openvino_bf16_run(threads) if has_bf16_isa(cpu_isa_flags()) else None
+    if bf16_run is not None:
+        runs["bf16"] = bf16_run
+    rates = _rates(runs)
+    fp32, int8, bf16 = rates["fp32"], rates["int8"], rates.get("bf16")
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return Peaks(round(fp32, 1), round(int8, 1), None if bf16 is None else round(bf16, 1), threads, stamp)
 
@@ -204,7 +215,9 @@ def machine_class(flags: set[str], peaks: Peaks | None) -> str:
         return cpu_class(flags)
     if peaks.bf16 is not None:
         ratio = peaks.bf16 / peaks.fp32
-        if ratio >= MATRIX_BF16_RATIO:
+        # A matrix engine shows in the flags too: a high ratio without them is a measurement
+        # skewed by the machine's phases, not AMX.
+        if ratio >= MATRIX_BF16_RATIO and cpu_class(flags) == "amx":
             return "amx"
         if ratio >= VECTOR_BF16_RATIO:
             return "bf16"
