@@ -13,7 +13,9 @@ With --triton, Triton (the nvidia-pytriton wheel's tritonserver, python backend,
         [--config 'one-at-a-time=--max-batch 1'] [--shares 0.25,0.5] [--no-search] [--triton]
 
 Prints a Markdown table per artifact (target p50/p99, floor p50/p99, p99 over the floor, LoadGen's
-verdict, max rate within the SLO for both) and writes them with the raw reports to --out.
+verdict, max rate within the SLO for both), one of where the time went (the model's p50 in the target
+and the floor, the HTTP path's p50 and p99, each client's CPU per request), and writes them with the
+raw reports to --out.
 """
 
 from __future__ import annotations
@@ -122,6 +124,20 @@ def _fig(run: dict[str, Any], key: str) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _phase(run: dict[str, Any], phase: str, key: str) -> str:
+    """A phase of the run's breakdown (Server-Timing; Triton sends none)."""
+    value = ((run.get("breakdown_ms") or {}).get(phase) or {}).get(key)
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _client_cpu_ms(run: dict[str, Any]) -> str:
+    """The load generator's CPU per completed request (its process's share of a core over the run)."""
+    share, done = (run.get("loadgen") or {}).get("cpu_fraction_of_core"), run.get("completed_ok")
+    if share is None or not done:
+        return "-"
+    return f"{share * run['wall_s'] * 1e3 / done:.2f}"
+
+
 def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}/s"
 
@@ -149,6 +165,25 @@ def table(name: str, alone_ms: float, configs: dict[str, dict[str, Any]], slo_ms
                 f"| {label} | {point['rate']:.0f}/s ({point['rate'] * alone_ms / 1e3:.0%}) | "
                 f"{point.get('round', 1)} | {_fig(run, 'p50')} / {_fig(run, 'p99')} | "
                 f"{_fig(floor, 'p50')} / {_fig(floor, 'p99')} | {ratio:.2f}x | {validity} |"
+            )
+    lines += [
+        "",
+        "Where the time went: the model's run inside the target and in the floor (p50), the target's "
+        "HTTP path (its latency less the server's own phases), and each client's CPU per request.",
+        "",
+        "| configuration | rate | round | model p50 ms, target / floor | HTTP p50 / p99 ms "
+        "| client CPU ms a request, target / floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, result in configs.items():
+        for point in result["points"]:
+            load = point["report"]["load"]
+            run, floor = load["runs"][-1], load["floor"]["run"]
+            lines.append(
+                f"| {label} | {point['rate']:.0f}/s | {point.get('round', 1)} | "
+                f"{_phase(run, 'model', 'p50')} / {_phase(floor, 'model', 'p50')} | "
+                f"{_phase(run, 'network_http', 'p50')} / {_phase(run, 'network_http', 'p99')} | "
+                f"{_client_cpu_ms(run)} / {_client_cpu_ms(floor)} |"
             )
     if any(len(r) > 1 for r in ratios.values()):
         lines += ["", "| configuration | rate | p99 target/floor: median of the rounds (lowest–highest) |",
