@@ -116,7 +116,6 @@ class HttpEndpoint(Endpoint):
             self.requests.append(self.client.encode("POST", f"/v2/models/{model}/infer", headers, body))
         self.rows = len(self.requests)
         self._next = 0
-        self.timeout_s = timeout_s
 
     async def open(self) -> None:
         pass  # connections open as requests need them
