@@ -94,6 +94,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             "a run is marked unstable when its variation is high or other processes used the CPU "
             "(a repeated one when its repetitions disagree).",
         ]
+        if any(str(r.get("label", "")).endswith("(final comparison)") for r in report["results"]):
+            lines += [
+                "",
+                "The final comparison's rows pool every run of each side; the headline's p50s and "
+                "speedup are those of its block pairs, so they may differ from these by a little.",
+            ]
         lines += _thin_tail_lines(report["results"])
         lines += _repetition_lines(report["results"])
     comparison = report.get("comparison")

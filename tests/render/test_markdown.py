@@ -38,6 +38,18 @@ def test_markdown_rendering_has_the_numbers(tmp_path: Path) -> None:
     assert "| m@b1 | onnxruntime | 1 | 1.100 |" in text
     assert "B is faster than A" in text
     assert report["environment"]["fingerprint"] in text
+    # No final comparison among the rows: nothing to tell apart from a headline.
+    assert "final comparison's rows pool" not in text
+
+
+def test_the_final_comparisons_rows_say_they_pool_every_run_unlike_the_headline(tmp_path: Path) -> None:
+    # make demo's report.md: rows of 2.498 / 5.355 ms beside a headline of 2.508 / 5.415 ms from
+    # the same runs' block pairs; the report says which figure is which.
+    report = _bench_report(tmp_path)
+    report["results"] = [{**SAMPLE_MEASUREMENT, "label": f"{side} (final comparison)"} for side in ("a", "b")]
+    text = render_markdown(report)
+    assert "| a (final comparison) | onnxruntime | 1 | 1.100 |" in text
+    assert "The final comparison's rows pool every run of each side" in text
 
 
 def test_a_section_renderer_that_cannot_be_imported_is_an_error(
