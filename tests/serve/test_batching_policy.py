@@ -46,8 +46,10 @@ class Line:
     def upper(self, work: float) -> float:
         return self.predict(work)
 
-    def most_efficient_work(self, budget_ms: float, per_batch_ms: float = 0.0) -> tuple[float, bool] | None:
-        fits = [w for w in self.sizes if self.predict(w) <= budget_ms]
+    def most_efficient_work(
+        self, budget_ms: float, per_batch_ms: float = 0.0, least_work: float = 0.0
+    ) -> tuple[float, bool] | None:
+        fits = [w for w in self.sizes if self.predict(w) <= budget_ms and w >= least_work]
         if not fits:
             return None
         best = max(fits, key=lambda w: w / (self.predict(w) + per_batch_ms))
@@ -140,6 +142,35 @@ def test_batch_size_is_what_fits_the_model_budget() -> None:
     assert max_rows_now(state(max_rows=32, latency=Line(base_ms=0.0), model_budget_ms=5.0), 1.0) == 1
     # Every measured size over the budget: one row at a time.
     assert max_rows_now(state(latency=Line(base_ms=10.0), model_budget_ms=5.0), 1.0) == 1
+
+
+def test_sizes_smaller_than_a_request_do_not_set_the_cap() -> None:
+    # PP-OCR's direction classifier under lto serve at half its throughput (2026-12-06): requests
+    # of 6 text lines; the warm-up measured 1, 2 and 4 rows on an idle machine, the sizes a batch
+    # can be were measured under load. Comparing all of them made 4 rows the most efficient, so
+    # each 6-row request was a full batch: 1,305 of 1,465 requests left one at a time while up
+    # to 54 rows waited, and the queue grew for the whole run.
+    latency = LatencyModel()
+    for rows, ms in [(1, 0.75), (2, 1.03), (4, 1.64), (6, 4.18), (15, 10.07), (30, 18.31)]:
+        latency.observe(rows, ms)
+    loaded = state(latency=latency, max_rows=32, model_budget_ms=25.0)
+    assert max_rows_now(loaded, 1.0) == 4  # what any size may be: 4 rows are the cheapest per row
+    assert max_rows_now(loaded, 1.0, least_rows=6) == 32  # what a batch of 6-row requests can be
+    waiting = [Req(rows=6, work=6.0, enqueued=NOW - 0.001 * i) for i in range(9)]
+    batch = standby_batch(state(waiting, latency=latency, max_rows=32, model_budget_ms=25.0), NOW)
+    assert batch == waiting[:5]  # 30 rows: the sixth request would not fit
+    assert (
+        decide(state(waiting, latency=latency, max_rows=32, model_budget_ms=25.0), NOW).batch == waiting[:5]
+    )
+
+
+def test_a_batch_the_next_request_does_not_fit_is_full() -> None:
+    # Two 3-row requests under a 4-row cap: the first cannot grow, so it need not wait.
+    waiting = [Req(rows=3, work=3.0), Req(rows=3, work=3.0)]
+    assert decide(state(waiting, max_rows=4), NOW).batch == waiting[:1]
+    assert standby_batch(state(waiting, max_rows=4, latency=Line()), NOW) == waiting[:1]
+    # Alone, it waits for company (max_wait) as before.
+    assert decide(state(waiting[:1], max_rows=4), NOW).batch is None
 
 
 def test_a_lone_request_leaves_alone_only_when_measured_and_in_time() -> None:

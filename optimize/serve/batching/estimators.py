@@ -103,11 +103,16 @@ class LatencyModel:
     def upper(self, work: float) -> float:
         return self.predict(work) + 2.0 * math.sqrt(self._var)
 
-    def most_efficient_work(self, budget_ms: float, per_batch_ms: float = 0.0) -> tuple[float, bool] | None:
+    def most_efficient_work(
+        self, budget_ms: float, per_batch_ms: float = 0.0, least_work: float = 0.0
+    ) -> tuple[float, bool] | None:
         """(work, is_largest_measured) of the size class with the most work per ms within budget;
         `per_batch_ms`: what each batch costs besides the model call (hand-offs), which favours
-        larger batches when work waits."""
-        points = [p for p in self._points() if p[1] <= budget_ms and p[1] > 0]
+        larger batches when work waits. Only classes of at least `least_work` compete: smaller
+        ones cannot be formed (one request is that much), and the warm-up measured them on an
+        idle machine, so beside sizes measured under load they would always look the best."""
+        floor = least_work * (1.0 - 1e-6)
+        points = [p for p in self._points() if p[1] <= budget_ms and p[1] > 0 and p[0] >= floor]
         if not points:
             return None
         best = max(points, key=lambda p: p[0] / (p[1] + per_batch_ms))

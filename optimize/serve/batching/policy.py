@@ -43,7 +43,7 @@ class Predictor(Protocol):
     def predict(self, work: float) -> float: ...
     def upper(self, work: float) -> float: ...
     def most_efficient_work(
-        self, budget_ms: float, per_batch_ms: float = 0.0
+        self, budget_ms: float, per_batch_ms: float = 0.0, least_work: float = 0.0
     ) -> tuple[float, bool] | None: ...
 
 
@@ -114,29 +114,31 @@ def waiting_gains_nothing(state: PolicyState[W]) -> bool:
 
 def head_batch(state: PolicyState[W], queue: Sequence[W]) -> tuple[list[W], int, bool]:
     """The requests at the head of this queue that fit one batch, their rows, and whether the
-    batch is full (as large as batches grow now)."""
-    cap = max_rows_now(state, queue[0].work / queue[0].rows)
+    batch is full: as large as batches grow now, or the next request waiting does not fit."""
+    head = queue[0]
+    cap = max_rows_now(state, head.work / head.rows, head.rows)
     batch: list[W] = []
     rows = 0
     for req in queue:
         if not req.queued:
             continue
         if batch and rows + req.rows > cap:
-            break
+            return batch, rows, True
         batch.append(req)
         rows += req.rows
     return batch, rows, rows >= cap
 
 
-def max_rows_now(state: PolicyState[W], row_work: float) -> int:
+def max_rows_now(state: PolicyState[W], row_work: float, least_rows: int = 1) -> int:
     """How many rows to batch at most: the most efficient measured size within the model
     budget, or, when the largest measured size is the most efficient, as many rows as the
-    budget allows."""
+    budget allows. Sizes under `least_rows` (the request at the head) are not compared: no
+    batch that takes it can be that small."""
     latency = state.latency
     if latency.n == 0 or row_work <= 0:
         return state.max_rows
     budget = state.model_budget_ms
-    best = latency.most_efficient_work(budget, state.batch_gap_ms)
+    best = latency.most_efficient_work(budget, state.batch_gap_ms, least_rows * row_work)
     if best is None:
         return 1
     work, largest = best
@@ -206,6 +208,8 @@ def leaves_alone(state: PolicyState[W], rows: int, work: float, deadline: float,
     if latency.n == 0:
         return False
     alone_now = (
-        rows >= state.max_rows or waiting_gains_nothing(state) or rows >= max_rows_now(state, work / rows)
+        rows >= state.max_rows
+        or waiting_gains_nothing(state)
+        or rows >= max_rows_now(state, work / rows, rows)
     )
     return alone_now and now + latency.predict(work) / 1e3 <= deadline
