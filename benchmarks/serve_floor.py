@@ -14,8 +14,9 @@ With --triton, Triton (the nvidia-pytriton wheel's tritonserver, python backend,
 
 Prints a Markdown table per artifact (target p50/p99, floor p50/p99, p99 over the floor, LoadGen's
 verdict, max rate within the SLO for both), one of where the time went (the model's p50 in the target
-and the floor, the HTTP path's p50 and p99, each client's CPU per request), and writes them with the
-raw reports to --out.
+and the floor, the HTTP path's p50 and p99, each client's CPU per request), one of a lone request's
+model run inside the server against the same run alone (`--lone-pairs` pairs, each measured one
+right after the other), and writes them with the raw reports to --out.
 """
 
 from __future__ import annotations
@@ -73,8 +74,17 @@ def drive(url: str, artifact: Path, rates: list[float], args: argparse.Namespace
     common = ["--model", "m", "--slo-ms", f"{args.slo_ms:g}", "--duration", f"{args.duration:g}s",
               "--floor", artifact, *shapes]  # fmt: skip
     # A lone request at a time (LoadGen SingleStream): the model's run inside the server, from
-    # the server's own Server-Timing, against the same run alone (lto bench).
-    lone = lto("load", url, "--model", "m", "--requests", "700", "--no-floor", *shapes)
+    # the server's own Server-Timing, against the same run alone (lto bench, its own process),
+    # in pairs one right after the other: the VM's phases move either figure by up to 1.5x
+    # within minutes, so a ratio of two readings taken apart says more about the VM than the
+    # server.
+    lone = []
+    for pair in range(args.lone_pairs):
+        print(f"  a lone request, inside and alone (pair {pair + 1} of {args.lone_pairs}) ...",
+              file=sys.stderr, flush=True)  # fmt: skip
+        inside = lto("load", url, "--model", "m", "--requests", "300", "--no-floor", *shapes)
+        alone = lto("bench", "--artifact", artifact, "--time", "2")
+        lone.append({"inside": inside, "alone_ms": float(alone["results"][0]["latency_ms"]["p50"])})
     points = []
     # Rounds: the rates again, so that each rate's server/floor pairs fall in several of the VM's
     # phases (it runs at about half speed for seconds at a time); the table gives their median.
@@ -190,16 +200,31 @@ def table(name: str, alone_ms: float, configs: dict[str, dict[str, Any]], slo_ms
                 f"| {label} | {rate:.0f}/s | {statistics.median(values):.2f}x "
                 f"({min(values):.2f}–{max(values):.2f}x, {len(values)} rounds) |"
             )
-    lines += ["", "| configuration | lone request's model run in the server, p50 | alone (bench) | ratio |",
-              "|---|---|---|---|"]  # fmt: skip
+    lines += ["", "A lone request's model run inside the server (p50, from its Server-Timing) and the "
+              "same run alone (`lto bench`, its own process) right after it, in pairs:", "",
+              "| configuration | pair | inside, p50 | alone, p50 | inside / alone |",
+              "|---|---|---|---|---|"]  # fmt: skip
     for label, result in configs.items():
-        model = (result["lone"]["load"]["runs"][-1].get("breakdown_ms") or {}).get("model")
-        if not model:  # Triton sends no Server-Timing: only the whole request is known
-            whole = result["lone"]["load"]["runs"][-1]["latency_ms"]["p50"]
-            lines.append(f"| {label} | - (whole request {whole:.3f} ms) | {alone_ms:.3f} ms | - |")
-            continue
-        inside = model["p50"]
-        lines.append(f"| {label} | {inside:.3f} ms | {alone_ms:.3f} ms | {inside / alone_ms:.2f}x |")
+        pair_ratios = []
+        for pair, lone in enumerate(result["lone"], 1):
+            run = lone["inside"]["load"]["runs"][-1]
+            model = (run.get("breakdown_ms") or {}).get("model")
+            if not model:  # Triton sends no Server-Timing: only the whole request is known
+                whole = run["latency_ms"]["p50"]
+                lines.append(
+                    f"| {label} | {pair} | - (whole request {whole:.3f} ms) | {lone['alone_ms']:.3f} ms | - |"
+                )
+                continue
+            pair_ratios.append(model["p50"] / lone["alone_ms"])
+            lines.append(
+                f"| {label} | {pair} | {model['p50']:.3f} ms | {lone['alone_ms']:.3f} ms "
+                f"| {pair_ratios[-1]:.2f}x |"
+            )
+        if len(pair_ratios) > 1:
+            lines.append(
+                f"| {label} | median | | | **{statistics.median(pair_ratios):.2f}x** "
+                f"({min(pair_ratios):.2f}–{max(pair_ratios):.2f}x) |"
+            )
     searched = [(label, r["search"]) for label, r in configs.items() if r["search"] is not None]
     if searched:
         lines += ["", "| configuration | max rate, p99 within the SLO, VALID | floor's |", "|---|---|---|"]
@@ -225,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rounds", type=int, default=1, help="drive every rate this many times, server then floor each"
     )
+    parser.add_argument(
+        "--lone-pairs", type=int, default=3,
+        help="times a lone request is served and then the model run alone, each right after the other",
+    )  # fmt: skip
     parser.add_argument("--triton", action="store_true", help="Triton (python backend) at the same loads")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "serve-floor")
     args = parser.parse_args(argv)
