@@ -204,7 +204,7 @@ class Batcher:
         behind the work already queued and running, rather than let it wait to expire."""
         if deadline == math.inf or not self.latency.n or not (self.queue or self.instances.busy_until):
             return None
-        unit = policy.efficient_work(self.policy_state())
+        unit = policy.efficient_work(self.policy_state(), work)
         wait_ms = admission.predicted_wait_ms(
             self.instances.busy_ms(now), self.queue.work, unit, self.latency,
             self.estimates.served_ms_per_work, len(self.instances),

@@ -12,6 +12,7 @@ from optimize.serve.batching.estimators import LatencyModel
 from optimize.serve.batching.policy import (
     PolicyState,
     decide,
+    efficient_work,
     leaves_alone,
     max_rows_now,
     shrink,
@@ -156,6 +157,9 @@ def test_sizes_smaller_than_a_request_do_not_set_the_cap() -> None:
     loaded = state(latency=latency, max_rows=32, model_budget_ms=25.0)
     assert max_rows_now(loaded, 1.0) == 4  # what any size may be: 4 rows are the cheapest per row
     assert max_rows_now(loaded, 1.0, least_rows=6) == 32  # what a batch of 6-row requests can be
+    # The unit admission predicts the queue's wait in: a batch such a request can be part of.
+    assert efficient_work(loaded) == pytest.approx(4.0)
+    assert efficient_work(loaded, least_work=6.0) == pytest.approx(30.0)
     waiting = [Req(rows=6, work=6.0, enqueued=NOW - 0.001 * i) for i in range(9)]
     batch = standby_batch(state(waiting, latency=latency, max_rows=32, model_budget_ms=25.0), NOW)
     assert batch == waiting[:5]  # 30 rows: the sixth request would not fit

@@ -155,9 +155,10 @@ def max_rows_now(state: PolicyState[W], row_work: float, least_rows: int = 1) ->
     return min(rows, state.max_rows)
 
 
-def efficient_work(state: PolicyState[W]) -> float:
-    """The work of the most efficient batch size within the model budget (1.0 unknown)."""
-    best = state.latency.most_efficient_work(state.model_budget_ms, state.batch_gap_ms)
+def efficient_work(state: PolicyState[W], least_work: float = 0.0) -> float:
+    """The work of the most efficient batch size within the model budget, among sizes of at least
+    `least_work` (a request's own: see max_rows_now); 1.0 unknown."""
+    best = state.latency.most_efficient_work(state.model_budget_ms, state.batch_gap_ms, least_work)
     return best[0] if best is not None else 1.0
 
 
