@@ -2,15 +2,17 @@
 
 For each artifact: its batch-1 latency alone (`lto bench --artifact`, which gives the model's own
 throughput), then `lto serve --artifact` in its own process with each configuration asked for
-(`--config LABEL="serve flags"`; today's defaults first), driven by `lto load URL --qps R --floor
-ART` at 25% and 50% of that throughput, and searched for the highest rate whose p99 meets the SLO
-with a VALID LoadGen result (`--find-max-qps`). Each `lto load` measures the floor in its own
-process right after the server, at the same load: the model behind one greedy worker, no HTTP.
-With --triton, Triton (the nvidia-pytriton wheel's tritonserver, python backend, `lto export
---backend python` with its batch profile measured here) is driven the same way after lto serve.
+(`--config LABEL="serve flags"`; today's defaults first) and, with --bare, the bare reference server
+(`benchmarks/bare_server.py`: what any server costs on these cores), all started at once and driven
+in turn by `lto load URL --qps R --floor ART` at 25% and 50% of that throughput, and searched for
+the highest rate whose p99 meets the SLO with a VALID LoadGen result (`--find-max-qps`). Each `lto
+load` measures the floor in its own process right after the server, at the same load: the model
+behind one greedy worker, no HTTP. With --triton, Triton (the nvidia-pytriton wheel's tritonserver,
+python backend, `lto export --backend python` with its batch profile measured here) is driven the
+same way after lto serve.
 
     python -m benchmarks.serve_floor ART [ART ...] [--slo-ms 15] [--duration 10] [--rounds 3]
-        [--config 'one-at-a-time=--max-batch 1'] [--shares 0.25,0.5] [--no-search] [--triton]
+        [--config 'one-at-a-time=--max-batch 1'] [--shares 0.25,0.5] [--no-search] [--bare] [--triton]
 
 Prints a Markdown table per artifact (target p50/p99, floor p50/p99, p99 over the floor, LoadGen's
 verdict, max rate within the SLO for both), one of where the time went (the model's p50 in the target
@@ -34,6 +36,8 @@ from typing import Any
 from harness import tritonserver
 
 ROOT = Path(__file__).resolve().parent.parent
+# The flags that stand for benchmarks/bare_server.py rather than lto serve.
+BARE = ["(bare server)"]
 
 
 class LtoFailed(Exception):
@@ -51,7 +55,12 @@ def lto(*args: str | Path) -> dict[str, Any]:
 
 
 def start_serve(artifact: Path, flags: list[str]) -> tuple[subprocess.Popen[str], str]:
-    command = [sys.executable, "-m", "optimize", "serve", "--artifact", str(artifact), "--name", "m", *flags]
+    """`lto serve --artifact` with `flags`, or the bare reference server for BARE."""
+    if flags == BARE:
+        command = [sys.executable, "-m", "benchmarks.bare_server", str(artifact)]
+    else:
+        command = [sys.executable, "-m", "optimize", "serve", "--artifact", str(artifact),
+                   "--name", "m", *flags]  # fmt: skip
     proc = subprocess.Popen(
         [*command, "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -59,7 +68,7 @@ def start_serve(artifact: Path, flags: list[str]) -> tuple[subprocess.Popen[str]
     for line in proc.stdout:
         if "at http://127.0.0.1:" in line:
             return proc, "http://" + line.split("at http://", 1)[1].split()[0].rstrip("/.,")
-    raise SystemExit(f"lto serve did not start (exit {proc.wait()})")
+    raise SystemExit(f"{' '.join(command[2:4])} did not start (exit {proc.wait()})")
 
 
 def shape_args(artifact: Path) -> list[str]:
@@ -68,47 +77,69 @@ def shape_args(artifact: Path) -> list[str]:
             for a in ("--shape", f"{t['name']}={'x'.join(map(str, t['shape']))}")]  # fmt: skip
 
 
-def drive(url: str, artifact: Path, rates: list[float], args: argparse.Namespace) -> dict[str, Any]:
-    """A lone request at a time, then each rate, then the highest rate within the SLO, on one server."""
+def drive(
+    servers: dict[str, str], artifact: Path, rates: list[float], args: argparse.Namespace
+) -> dict[str, Any]:
+    """On every server (label -> URL, all started): a lone request at a time, then each rate in
+    rounds, the servers taking turns, then the highest rate within the SLO."""
     shapes = shape_args(artifact)
     common = ["--model", "m", "--slo-ms", f"{args.slo_ms:g}", "--duration", f"{args.duration:g}s",
               "--floor", artifact, *shapes]  # fmt: skip
+    results: dict[str, dict[str, Any]] = {
+        label: {"lone": [], "points": [], "search": None} for label in servers
+    }
     # A lone request at a time (LoadGen SingleStream): the model's run inside the server, from
     # the server's own Server-Timing, against the same run alone (lto bench, its own process),
     # in pairs one right after the other: the VM's phases move either figure by up to 1.5x
     # within minutes, so a ratio of two readings taken apart says more about the VM than the
     # server.
-    lone = []
-    for pair in range(args.lone_pairs):
-        print(f"  a lone request, inside and alone (pair {pair + 1} of {args.lone_pairs}) ...",
-              file=sys.stderr, flush=True)  # fmt: skip
-        inside = lto("load", url, "--model", "m", "--requests", "300", "--no-floor", *shapes)
-        alone = lto("bench", "--artifact", artifact, "--time", "2")
-        lone.append({"inside": inside, "alone_ms": float(alone["results"][0]["latency_ms"]["p50"])})
-    points = []
+    for label, url in servers.items():
+        for pair in range(args.lone_pairs):
+            print(f"  {label}: a lone request, inside and alone (pair {pair + 1} of {args.lone_pairs}) ...",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            inside = lto("load", url, "--model", "m", "--requests", "300", "--no-floor", *shapes)
+            alone = lto("bench", "--artifact", artifact, "--time", "2")
+            results[label]["lone"].append(
+                {"inside": inside, "alone_ms": float(alone["results"][0]["latency_ms"]["p50"])}
+            )
     # Rounds: the rates again, so that each rate's server/floor pairs fall in several of the VM's
     # phases (it runs at about half speed for seconds at a time); the table gives their median.
+    # The servers take turns within a round (all are up, idle while another is driven), so that
+    # a slow phase does not fall on one of them only.
     for round_ in range(args.rounds):
         for rate in rates:
-            print(f"  {rate:.0f}/s (round {round_ + 1} of {args.rounds}) ...", file=sys.stderr, flush=True)
-            report = lto("load", url, "--qps", f"{rate:.1f}", *common)
-            points.append({"rate": rate, "round": round_ + 1, "report": report})
-    search = None
+            for label, url in servers.items():
+                print(
+                    f"  {label}: {rate:.0f}/s (round {round_ + 1} of {args.rounds}) ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                report = lto("load", url, "--qps", f"{rate:.1f}", *common)
+                results[label]["points"].append({"rate": rate, "round": round_ + 1, "report": report})
     if not args.no_search:
-        print("  searching the highest rate within the SLO ...", file=sys.stderr, flush=True)
-        search = lto("load", url, "--find-max-qps", "--qps", f"{rates[0]:.1f}", *common)
-    return {"lone": lone, "points": points, "search": search}
+        for label, url in servers.items():
+            print(f"  {label}: searching the highest rate within the SLO ...", file=sys.stderr, flush=True)
+            results[label]["search"] = lto("load", url, "--find-max-qps", "--qps", f"{rates[0]:.1f}", *common)
+    return results
 
 
-def one_config(
-    artifact: Path, flags: list[str], rates: list[float], args: argparse.Namespace
+def served(
+    artifact: Path, configs: list[tuple[str, list[str]]], rates: list[float], args: argparse.Namespace
 ) -> dict[str, Any]:
-    proc, url = start_serve(artifact, flags)
+    """Start a server per configuration, drive them all, stop them."""
+    procs, urls = [], {}
     try:
-        return {"flags": flags, **drive(url, artifact, rates, args)}
+        for label, flags in configs:
+            print(f"{artifact.name}: {label} ({' '.join(flags) or 'no flags'})", file=sys.stderr, flush=True)
+            proc, urls[label] = start_serve(artifact, flags)
+            procs.append(proc)
+        results = drive(urls, artifact, rates, args)
+        return {label: {"flags": flags, **results[label]} for label, flags in configs}
     finally:
-        proc.terminate()
-        proc.wait(30)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)
 
 
 def triton(artifact: Path, rates: list[float], args: argparse.Namespace) -> dict[str, Any]:
@@ -124,7 +155,11 @@ def triton(artifact: Path, rates: list[float], args: argparse.Namespace) -> dict
             lto(*export)
         server = tritonserver.start(found, repo, Path(tmp) / "triton.log", python_path=sys.path)
         try:
-            return {"flags": ["tritonserver, python backend"], **drive(server.url, artifact, rates, args)}
+            label = "Triton (python backend)"
+            return {
+                "flags": ["tritonserver, python backend"],
+                **drive({label: server.url}, artifact, rates, args)[label],
+            }
         finally:
             server.stop()
 
@@ -254,25 +289,28 @@ def main(argv: list[str] | None = None) -> int:
         "--lone-pairs", type=int, default=3,
         help="times a lone request is served and then the model run alone, each right after the other",
     )  # fmt: skip
+    parser.add_argument(
+        "--bare", action="store_true",
+        help="also the bare reference server (benchmarks/bare_server.py): what any server costs here",
+    )  # fmt: skip
     parser.add_argument("--triton", action="store_true", help="Triton (python backend) at the same loads")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "serve-floor")
     args = parser.parse_args(argv)
     configs = [("defaults", [])] + [
         (label, shlex.split(flags)) for label, _, flags in (c.partition("=") for c in args.config)
     ]
+    if args.bare:
+        configs.append(("bare server", BARE))
     shares = [float(x) for x in args.shares.split(",")]
     texts, raw = [], {}
     for artifact in args.artifacts:
         bench = lto("bench", "--artifact", artifact, "--time", "3")
         alone_ms = float(bench["results"][0]["latency_ms"]["p50"])
         rates = [share * 1e3 / alone_ms for share in shares]
-        results = {}
-        for label, flags in configs:
-            print(f"{artifact.name}: {label} ({' '.join(flags) or 'no flags'})", file=sys.stderr, flush=True)
-            results[label] = one_config(artifact, flags, rates, args)
-            # Kept as it comes: a later configuration that fails does not lose this one's figures.
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.with_suffix(".partial.json").write_text(json.dumps({str(artifact): results}, indent=1))
+        results = served(artifact, configs, rates, args)
+        # Kept as it comes: a Triton run that fails does not lose these figures.
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".partial.json").write_text(json.dumps({str(artifact): results}, indent=1))
         if args.triton:
             print(f"{artifact.name}: Triton, python backend", file=sys.stderr, flush=True)
             try:
