@@ -34,6 +34,7 @@ from optimize.runtimes.backends import open_backend
 from optimize.serve.protocol import HEADER_LENGTH, decode_request, encode_response, v2_datatype, v2_shape
 
 MODEL = "m"
+HEADER_LENGTH_NAME = HEADER_LENGTH.lower().encode()
 
 
 class BareModel:
@@ -43,15 +44,13 @@ class BareModel:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.shapes: set[tuple[tuple[int, ...], ...]] = set()
-        specs = [
-            {"name": s.name, "datatype": v2_datatype(str(s.dtype)), "shape": v2_shape(s.shape)}
-            for s in self.backend.inputs
-        ]
-        outs = [
-            {"name": s.name, "datatype": v2_datatype(str(s.dtype)), "shape": v2_shape(s.shape)}
-            for s in self.backend.outputs
-        ]
-        self.metadata = json.dumps({"name": MODEL, "inputs": specs, "outputs": outs}).encode()
+        described = {
+            side: [
+                {"name": t.name, "datatype": v2_datatype(t.dtype), "shape": v2_shape(t.shape)} for t in specs
+            ]
+            for side, specs in (("inputs", backend.inputs), ("outputs", backend.outputs))
+        }
+        self.metadata = json.dumps({"name": MODEL, **described}).encode()
 
     @classmethod
     def from_artifact(cls, artifact: str) -> BareModel:
@@ -107,7 +106,7 @@ class BareConnection(asyncio.Protocol):
         self.url = url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == HEADER_LENGTH.lower().encode():
+        if name.lower() == HEADER_LENGTH_NAME:
             self.header_length = int(value)
 
     def on_body(self, body: bytes) -> None:

@@ -30,14 +30,35 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness import tritonserver
+from optimize.files import write_text_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
-# The flags that stand for benchmarks/bare_server.py rather than lto serve.
-BARE = ["(bare server)"]
+
+
+@dataclass(frozen=True)
+class Server:
+    """A server to drive: `lto serve --artifact` with `flags`, or the bare reference server."""
+
+    label: str
+    flags: tuple[str, ...] = ()
+    bare: bool = False
+
+    def command(self, artifact: Path) -> list[str]:
+        if self.bare:
+            return [sys.executable, "-m", "benchmarks.bare_server", str(artifact)]
+        return [sys.executable, "-m", "optimize", "serve", "--artifact", str(artifact), "--name", "m",
+                *self.flags]  # fmt: skip
+
+    def describe(self) -> str:
+        if self.bare:
+            return "benchmarks/bare_server.py"
+        return " ".join(self.flags) or "no flags"
 
 
 class LtoFailed(Exception):
@@ -54,13 +75,8 @@ def lto(*args: str | Path) -> dict[str, Any]:
     return dict(json.loads(proc.stdout))
 
 
-def start_serve(artifact: Path, flags: list[str]) -> tuple[subprocess.Popen[str], str]:
-    """`lto serve --artifact` with `flags`, or the bare reference server for BARE."""
-    if flags == BARE:
-        command = [sys.executable, "-m", "benchmarks.bare_server", str(artifact)]
-    else:
-        command = [sys.executable, "-m", "optimize", "serve", "--artifact", str(artifact),
-                   "--name", "m", *flags]  # fmt: skip
+def start_serve(artifact: Path, server: Server) -> tuple[subprocess.Popen[str], str]:
+    command = server.command(artifact)
     proc = subprocess.Popen(
         [*command, "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -68,7 +84,7 @@ def start_serve(artifact: Path, flags: list[str]) -> tuple[subprocess.Popen[str]
     for line in proc.stdout:
         if "at http://127.0.0.1:" in line:
             return proc, "http://" + line.split("at http://", 1)[1].split()[0].rstrip("/.,")
-    raise SystemExit(f"{' '.join(command[2:4])} did not start (exit {proc.wait()})")
+    raise SystemExit(f"{server.label} ({server.describe()}) did not start (exit {proc.wait()})")
 
 
 def shape_args(artifact: Path) -> list[str]:
@@ -78,10 +94,15 @@ def shape_args(artifact: Path) -> list[str]:
 
 
 def drive(
-    servers: dict[str, str], artifact: Path, rates: list[float], args: argparse.Namespace
+    servers: dict[str, str],
+    artifact: Path,
+    rates: list[float],
+    args: argparse.Namespace,
+    keep: Callable[[dict[str, Any]], None] = lambda results: None,
 ) -> dict[str, Any]:
     """On every server (label -> URL, all started): a lone request at a time, then each rate in
-    rounds, the servers taking turns, then the highest rate within the SLO."""
+    rounds, the servers taking turns, then the highest rate within the SLO. `keep` gets the
+    results so far after each measurement, so that a later failure loses none of them."""
     shapes = shape_args(artifact)
     common = ["--model", "m", "--slo-ms", f"{args.slo_ms:g}", "--duration", f"{args.duration:g}s",
               "--floor", artifact, *shapes]  # fmt: skip
@@ -102,6 +123,7 @@ def drive(
             results[label]["lone"].append(
                 {"inside": inside, "alone_ms": float(alone["results"][0]["latency_ms"]["p50"])}
             )
+            keep(results)
     # Rounds: the rates again, so that each rate's server/floor pairs fall in several of the VM's
     # phases (it runs at about half speed for seconds at a time); the table gives their median.
     # The servers take turns within a round (all are up, idle while another is driven), so that
@@ -116,25 +138,34 @@ def drive(
                 )
                 report = lto("load", url, "--qps", f"{rate:.1f}", *common)
                 results[label]["points"].append({"rate": rate, "round": round_ + 1, "report": report})
+                keep(results)
     if not args.no_search:
         for label, url in servers.items():
             print(f"  {label}: searching the highest rate within the SLO ...", file=sys.stderr, flush=True)
             results[label]["search"] = lto("load", url, "--find-max-qps", "--qps", f"{rates[0]:.1f}", *common)
+            keep(results)
     return results
 
 
 def served(
-    artifact: Path, configs: list[tuple[str, list[str]]], rates: list[float], args: argparse.Namespace
+    artifact: Path,
+    servers: list[Server],
+    rates: list[float],
+    args: argparse.Namespace,
+    keep: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
-    """Start a server per configuration, drive them all, stop them."""
+    """Start every server, drive them all, stop them."""
     procs, urls = [], {}
+
+    def described(results: dict[str, Any]) -> dict[str, Any]:
+        return {s.label: {"flags": list(s.flags), "bare": s.bare, **results[s.label]} for s in servers}
+
     try:
-        for label, flags in configs:
-            print(f"{artifact.name}: {label} ({' '.join(flags) or 'no flags'})", file=sys.stderr, flush=True)
-            proc, urls[label] = start_serve(artifact, flags)
+        for server in servers:
+            print(f"{artifact.name}: {server.label} ({server.describe()})", file=sys.stderr, flush=True)
+            proc, urls[server.label] = start_serve(artifact, server)
             procs.append(proc)
-        results = drive(urls, artifact, rates, args)
-        return {label: {"flags": flags, **results[label]} for label, flags in configs}
+        return described(drive(urls, artifact, rates, args, lambda so_far: keep(described(so_far))))
     finally:
         for proc in procs:
             proc.terminate()
@@ -296,21 +327,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--triton", action="store_true", help="Triton (python backend) at the same loads")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "serve-floor")
     args = parser.parse_args(argv)
-    configs = [("defaults", [])] + [
-        (label, shlex.split(flags)) for label, _, flags in (c.partition("=") for c in args.config)
+    servers = [Server("defaults")] + [
+        Server(label, tuple(shlex.split(flags)))
+        for label, _, flags in (c.partition("=") for c in args.config)
     ]
     if args.bare:
-        configs.append(("bare server", BARE))
+        servers.append(Server("bare server", bare=True))
     shares = [float(x) for x in args.shares.split(",")]
     texts, raw = [], {}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    partial = args.out.with_suffix(".partial.json")
     for artifact in args.artifacts:
         bench = lto("bench", "--artifact", artifact, "--time", "3")
         alone_ms = float(bench["results"][0]["latency_ms"]["p50"])
         rates = [share * 1e3 / alone_ms for share in shares]
-        results = served(artifact, configs, rates, args)
-        # Kept as it comes: a Triton run that fails does not lose these figures.
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".partial.json").write_text(json.dumps({str(artifact): results}, indent=1))
+
+        def keep(so_far: dict[str, Any], artifact: Path = artifact) -> None:
+            # Kept as it comes: a load or a Triton run that fails later loses none of these figures.
+            write_text_atomic(partial, json.dumps({str(artifact): so_far}, indent=1))
+
+        results = served(artifact, servers, rates, args, keep)
         if args.triton:
             print(f"{artifact.name}: Triton, python backend", file=sys.stderr, flush=True)
             try:
@@ -320,9 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         texts.append(table(artifact.name, alone_ms, results, args.slo_ms))
         raw[str(artifact)] = {"alone_ms": alone_ms, "configs": results}
         print(texts[-1], flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".md").write_text("\n".join(texts))
-    args.out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
+    write_text_atomic(args.out.with_suffix(".md"), "\n".join(texts))
+    write_text_atomic(args.out.with_suffix(".json"), json.dumps(raw, indent=1))
     print(f"wrote {args.out.with_suffix('.md')} and .json", file=sys.stderr)
     return 0
 
